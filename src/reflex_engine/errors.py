@@ -1,0 +1,13 @@
+"""The exception types a user can cause. The CLI turns each into one line and an exit code."""
+
+
+class ReflexError(Exception):
+    """Bad input or an unsupported request: reported as one line, exit code 1."""
+
+    exit_code = 1
+
+
+class GGUFError(ReflexError):
+    """A malformed or unsupported GGUF file; the message names the field and byte offset."""
+
+    exit_code = 2
