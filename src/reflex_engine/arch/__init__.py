@@ -1,0 +1,13 @@
+"""Architectures, keyed by `general.architecture`. Backend-agnostic: no numpy here."""
+from types import ModuleType
+
+from ..errors import ReflexError
+from . import llama, qwen3
+
+ARCHS: dict[str, ModuleType] = {m.ARCH: m for m in (llama, qwen3)}
+
+
+def get_arch(name) -> ModuleType:
+    if name not in ARCHS:
+        raise ReflexError(f"unsupported architecture {name!r} (supported: {', '.join(sorted(ARCHS))})")
+    return ARCHS[name]

@@ -1,0 +1,63 @@
+"""Blocks shared by the dense decoder architectures, written against the Ops protocol.
+
+Pre-norm residual layout: h = x + attn(norm(x)); out = h + ffn(norm(h)); final norm, LM head.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..ops import Batch
+from .config import ArchConfig
+from .weights import TensorDecl
+
+MODEL_TENSORS = [
+    TensorDecl("token_embd", ("n_embd", "n_vocab")),
+    TensorDecl("output_norm", ("n_embd",)),
+    TensorDecl("output", ("n_embd", "n_vocab"), optional=True),  # absent: tied to token_embd
+]
+ATTENTION_TENSORS = [
+    TensorDecl("attn_norm", ("n_embd",)),
+    TensorDecl("attn_q", ("n_embd", "n_heads*head_dim")),
+    TensorDecl("attn_k", ("n_embd", "n_kv_heads*head_dim")),
+    TensorDecl("attn_v", ("n_embd", "n_kv_heads*v_head_dim")),
+    TensorDecl("attn_output", ("n_heads*v_head_dim", "n_embd")),
+]
+QK_NORM_TENSORS = [
+    TensorDecl("attn_q_norm", ("head_dim",)),
+    TensorDecl("attn_k_norm", ("head_dim",)),
+]
+FFN_TENSORS = [
+    TensorDecl("ffn_norm", ("n_embd",)),
+    TensorDecl("ffn_gate", ("n_embd", "n_ff")),
+    TensorDecl("ffn_up", ("n_embd", "n_ff")),
+    TensorDecl("ffn_down", ("n_ff", "n_embd")),
+]
+
+
+def attention(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x):
+    q = ops.matmul(x, lw.attn_q)  # (T, H*dk)
+    k = ops.matmul(x, lw.attn_k)  # (T, Hkv*dk)
+    v = ops.matmul(x, lw.attn_v)  # (T, Hkv*dv)
+    if cfg.qk_norm:
+        q = ops.rms_norm(q, lw.attn_q_norm, cfg.rms_eps)
+        k = ops.rms_norm(k, lw.attn_k_norm, cfg.rms_eps)
+    q = ops.rope(q, batch.positions, cfg.head_dim, cfg.rope)
+    k = ops.rope(k, batch.positions, cfg.head_dim, cfg.rope)
+    o = ops.attention(q, k, v, cache=cache, layer=layer, batch=batch,
+                      n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, scale=cfg.attn_scale)  # (T, H*dv)
+    return ops.matmul(o, lw.attn_output)
+
+
+def swiglu_ffn(ops, lw, x):
+    return ops.matmul(ops.swiglu(ops.matmul(x, lw.ffn_gate), ops.matmul(x, lw.ffn_up)), lw.ffn_down)
+
+
+def decoder_forward(ops, w, cfg: ArchConfig, cache, batch: Batch, out_rows: Sequence[int]):
+    """Logits (len(out_rows), V) for the batch positions in out_rows."""
+    x = ops.embed(w.token_embd, batch.tokens)  # (T, E)
+    for i, lw in enumerate(w.blk):
+        h = ops.add(x, attention(ops, lw, cfg, cache, i, batch, ops.rms_norm(x, lw.attn_norm, cfg.rms_eps)))
+        x = ops.add(h, swiglu_ffn(ops, lw, ops.rms_norm(h, lw.ffn_norm, cfg.rms_eps)))
+    x = ops.take_rows(x, out_rows)
+    lm_head = w.output if w.output is not None else w.token_embd  # tied embeddings
+    return ops.matmul(ops.rms_norm(x, w.output_norm, cfg.rms_eps), lm_head)

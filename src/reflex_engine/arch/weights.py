@@ -1,0 +1,49 @@
+"""Tensor declarations with shapes, checked against the file before any op runs.
+
+A declaration names the tensor as the GGUF does (`blk.{i}.attn_q`) and gives its ggml-order
+shape as expressions over ArchConfig fields ("n_heads*head_dim"). Loaded weights are reached
+by the same names: `w.token_embd`, `w.blk[i].attn_q`, so a KeyError names the file's tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from ..errors import ReflexError
+from ..gguf import GGUFFile
+from .config import ArchConfig
+
+
+@dataclass(frozen=True)
+class TensorDecl:
+    name: str  # without the ".weight" suffix; "blk.{i}." is implied for layer tensors
+    shape: tuple[str, ...]
+    optional: bool = False
+
+
+def _extent(expr: str, cfg: ArchConfig) -> int:
+    value = 1
+    for factor in expr.split("*"):
+        value *= int(factor) if factor.isdigit() else getattr(cfg, factor)
+    return value
+
+
+class Weights(SimpleNamespace):
+    """`w.token_embd`, `w.output`, ..., and `w.blk[i].<name>` per layer."""
+
+
+def load_weights(f: GGUFFile, cfg: ArchConfig, model: list[TensorDecl], layer: list[TensorDecl], ops) -> Weights:
+    def load(name: str, decl: TensorDecl):
+        info = f.tensors.get(f"{name}.weight")
+        if info is None:
+            if decl.optional:
+                return None
+            raise ReflexError(f"{f.path}: model file lacks tensor {name + '.weight'!r} ({cfg.arch})")
+        expected = tuple(_extent(e, cfg) for e in decl.shape)
+        if info.shape != expected:
+            raise ReflexError(f"{f.path}: tensor {info.name!r} has shape {list(info.shape)}, {cfg.arch} expects {list(expected)}")
+        return ops.load_weight(info.name, info.ggml_type, info.shape, f.tensor_data(info.name))
+
+    w = Weights(**{d.name: load(d.name, d) for d in model})
+    w.blk = [SimpleNamespace(**{d.name: load(f"blk.{i}.{d.name}", d) for d in layer}) for i in range(cfg.n_layers)]
+    return w

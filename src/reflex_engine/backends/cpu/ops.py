@@ -1,0 +1,99 @@
+"""Ops on numpy float32 arrays. Weights are dequantized once, at load, by the quants module."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ...ops import Batch, Rope, RopeMode
+from ...quants import dequantize
+
+
+@dataclass
+class KVCache:
+    k: list[np.ndarray]  # per layer (capacity, Hkv*dk)
+    v: list[np.ndarray]  # per layer (capacity, Hkv*dv)
+    segments: np.ndarray  # (capacity,) segment of each written slot
+
+
+class CpuOps:
+    name = "cpu"
+
+    def load_weight(self, name, ggml_type, shape, data) -> np.ndarray:
+        return dequantize(data, ggml_type, tuple(reversed(shape)))  # numpy order: (out, in)
+
+    def new_kv_cache(self, n_layers: int, capacity: int, k_width: int, v_width: int) -> KVCache:
+        return KVCache(
+            k=[np.zeros((capacity, k_width), np.float32) for _ in range(n_layers)],
+            v=[np.zeros((capacity, v_width), np.float32) for _ in range(n_layers)],
+            segments=np.zeros(capacity, np.int32),
+        )
+
+    def embed(self, table: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
+        return table[np.asarray(tokens, dtype=np.int64)]
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        groups = x.reshape(x.shape[0], -1, weight.shape[0])
+        mean_sq = np.mean(groups * groups, axis=-1, keepdims=True)
+        return (groups / np.sqrt(mean_sq + np.float32(eps)) * weight).reshape(x.shape)
+
+    def matmul(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        return x @ weight.T
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return a + b
+
+    def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):  # exp(-gate) -> inf gives silu -> -0, as it should
+            return gate / (np.float32(1) + np.exp(-gate)) * up
+
+    def rope(self, x: np.ndarray, positions: Sequence[int], head_dim: int, rope: Rope) -> np.ndarray:
+        heads = x.reshape(x.shape[0], -1, head_dim).copy()
+        half = rope.n_rot // 2
+        inv_freq = rope.base ** (-np.arange(half, dtype=np.float64) * 2.0 / rope.n_rot)
+        angle = np.asarray(positions, dtype=np.float64)[:, None] * rope.freq_scale * inv_freq  # (T, n_rot/2)
+        cos = np.cos(angle).astype(np.float32)[:, None, :]
+        sin = np.sin(angle).astype(np.float32)[:, None, :]
+        if rope.mode is RopeMode.NORM:
+            a, b = heads[..., 0 : rope.n_rot : 2], heads[..., 1 : rope.n_rot : 2]
+            heads[..., 0 : rope.n_rot : 2], heads[..., 1 : rope.n_rot : 2] = a * cos - b * sin, a * sin + b * cos
+        else:
+            a, b = heads[..., :half], heads[..., half : rope.n_rot]
+            heads[..., :half], heads[..., half : rope.n_rot] = a * cos - b * sin, a * sin + b * cos
+        return heads.reshape(x.shape)
+
+    def attention(self, q, k, v, *, cache: KVCache, layer: int, batch: Batch, n_heads: int, n_kv_heads: int, scale: float):
+        t, start = q.shape[0], batch.start
+        end = start + t
+        cache.k[layer][start:end] = k
+        cache.v[layer][start:end] = v
+        cache.segments[start:end] = batch.segments
+        dk, dv = k.shape[1] // n_kv_heads, v.shape[1] // n_kv_heads
+        group = n_heads // n_kv_heads
+        keys = cache.k[layer][:end].reshape(end, n_kv_heads, dk).transpose(1, 2, 0)  # (Hkv, dk, S)
+        values = cache.v[layer][:end].reshape(end, n_kv_heads, dv).transpose(1, 0, 2)  # (Hkv, S, dv)
+        queries = q.reshape(t, n_kv_heads, group, dk).transpose(1, 2, 0, 3)  # (Hkv, g, T, dk)
+        scores = (queries @ keys[:, None]) * np.float32(scale)  # (Hkv, g, T, S)
+        scores += self._mask(cache.segments[:end], np.asarray(batch.segments), start)
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        out = probs @ values[:, None]  # (Hkv, g, T, dv)
+        return out.transpose(2, 0, 1, 3).reshape(t, n_heads * dv)
+
+    @staticmethod
+    def _mask(slot_segments: np.ndarray, query_segments: np.ndarray, start: int) -> np.ndarray:
+        """(T, S) additive mask: 0 where query i may read slot j, -inf elsewhere (see Batch)."""
+        slots = np.arange(slot_segments.shape[0])
+        query_slots = start + np.arange(query_segments.shape[0])
+        visible = (slots[None, :] <= query_slots[:, None]) & (
+            (slot_segments[None, :] == 0) | (slot_segments[None, :] == query_segments[:, None])
+        )
+        return np.where(visible, np.float32(0), np.float32(-np.inf))
+
+    def take_rows(self, x: np.ndarray, rows: Sequence[int]) -> np.ndarray:
+        return x[np.asarray(rows, dtype=np.int64)]
+
+    def to_host(self, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x, dtype=np.float32)

@@ -1,0 +1,89 @@
+"""The Ops protocol: the primitives architecture code may call, and the batch it runs on.
+
+Architecture modules (`arch/`) express a forward pass only through these calls; each backend
+(`backends/cpu` now, `backends/cuda` next) implements them on tensors it owns. Activations
+are 2-D, (T, features), with heads laid out contiguously inside the feature axis, so no op
+needs a reshape and a device backend can keep every buffer it allocates up front.
+
+Shapes below: T tokens in the batch, E embedding width, H query heads, Hkv key/value heads,
+dk / dv key / value head widths, V vocabulary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol, Sequence
+
+Tensor = Any  # a backend's activation: numpy array on the CPU, device buffer on CUDA
+Weight = Any  # a backend's prepared weight (see Ops.load_weight)
+
+
+class RopeMode(Enum):
+    NORM = "norm"  # rotate adjacent pairs (2i, 2i+1): llama, deepseek2
+    NEOX = "neox"  # rotate (i, i + n_rot/2): qwen3, qwen3moe
+
+
+@dataclass(frozen=True)
+class Rope:
+    mode: RopeMode
+    n_rot: int  # leading dims of each head that rotate
+    base: float
+    freq_scale: float = 1.0  # linear scaling: positions are multiplied by it
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Tokens evaluated together, and where they land in the cache.
+
+    Token i is written to cache slot `start + i` and attends to the slots before it whose
+    segment is 0 (the shared prefix) or equal to its own. With every segment 0 this is
+    plain causal attention; system1 gives each candidate its own segment so candidates see
+    the prompt and themselves, never each other.
+    """
+
+    tokens: Sequence[int]
+    positions: Sequence[int]  # RoPE positions; candidates restart after the prompt
+    segments: Sequence[int]
+    start: int  # first cache slot
+
+    @classmethod
+    def causal(cls, tokens: Sequence[int], start: int) -> Batch:
+        n = len(tokens)
+        return cls(tokens, range(start, start + n), (0,) * n, start)
+
+
+class Ops(Protocol):
+    def load_weight(self, name: str, ggml_type, shape: tuple[int, ...], data: memoryview) -> Weight:
+        """Take a tensor's raw blocks as stored (ggml `shape`, innermost first)."""
+
+    def new_kv_cache(self, n_layers: int, capacity: int, k_width: int, v_width: int) -> Any:
+        """Per-layer K (capacity, k_width) and V (capacity, v_width) plus slot segments."""
+
+    def embed(self, table: Weight, tokens: Sequence[int]) -> Tensor:
+        """Rows of the (V, E) table -> (T, E)."""
+
+    def rms_norm(self, x: Tensor, weight: Weight, eps: float) -> Tensor:
+        """x (T, n*d), weight (d,): normalize each group of d features (d = n*d: whole row)."""
+
+    def matmul(self, x: Tensor, weight: Weight) -> Tensor:
+        """x (T, in) times a stored (out, in) weight -> (T, out)."""
+
+    def add(self, a: Tensor, b: Tensor) -> Tensor:
+        """Elementwise a + b (the residual stream)."""
+
+    def swiglu(self, gate: Tensor, up: Tensor) -> Tensor:
+        """silu(gate) * up, both (T, F)."""
+
+    def rope(self, x: Tensor, positions: Sequence[int], head_dim: int, rope: Rope) -> Tensor:
+        """Rotate the first rope.n_rot dims of every head of x (T, n*head_dim)."""
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: Any, layer: int, batch: Batch,
+                  n_heads: int, n_kv_heads: int, scale: float) -> Tensor:
+        """Write k (T, Hkv*dk), v (T, Hkv*dv) to the cache at batch.start, then attend:
+        q (T, H*dk) -> (T, H*dv). Query head h reads KV head h // (H / Hkv)."""
+
+    def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:
+        """x[rows]: only the positions whose logits are wanted reach the LM head."""
+
+    def to_host(self, x: Tensor):
+        """A float32 numpy array of x (the only place activations leave the backend)."""
