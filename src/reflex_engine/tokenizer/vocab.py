@@ -1,0 +1,183 @@
+"""The vocabulary as the GGUF's `tokenizer.*` keys describe it, checked against the file.
+
+Follows llama.cpp's llama_vocab::impl::load (src/llama-vocab.cpp): per-model defaults for the
+special ids and flags, overridden by the file; out-of-range special ids are ignored (the
+default is kept) as llama.cpp does; end-of-generation ids include tokens found by their
+text. Everything here is plain lists/dicts of str/int/float so that the sidecar can store
+the result (`to_tables` / `from_tables`) and skip this work on the next start.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..errors import ReflexError
+from ..gguf.constants import ValueType
+
+# tokenizer.ggml.token_type values
+UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 0, 1, 2, 3, 4, 5, 6
+
+KIND_BY_MODEL = {"gpt2": "bpe", "llama": "spm"}
+# (bos, eos, unk) defaults before the file overrides them, as llama.cpp.
+_DEFAULT_IDS = {"bpe": (11, 11, None), "spm": (1, 2, 0)}
+_SPECIAL_KEYS = ("bos", "eos", "eot", "eom", "unknown", "seperator", "padding")
+_LLAMA3_PRES = frozenset({"llama3", "llama-v3", "llama-bpe"})
+_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>")
+_EOG_TEXTS = frozenset(_EOT_TEXTS + ("<|eom_id|>", "<|return|>", "<|call|>", "<eos>", "</s>"))
+
+
+@dataclass
+class Vocab:
+    kind: str  # "bpe" | "spm"
+    pre: str | None  # tokenizer.ggml.pre as written (None when absent)
+    tokens: list[str]
+    types: list[int] | bytes  # token_type per id (NORMAL when the key is absent); bytes when cached
+    scores: list[float]  # SPM merge priorities; empty for BPE
+    merges: list[str]  # BPE "left right" entries in rank order; empty for SPM
+    bos_id: int | None
+    eos_id: int | None
+    eot_id: int | None
+    eom_id: int | None
+    unk_id: int | None
+    pad_id: int | None
+    sep_id: int | None
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool
+    ignore_merges: bool
+    eog_ids: list[int] = field(default_factory=list)
+
+    def to_tables(self) -> dict:
+        """marshal-friendly form. The string lists are stored joined (one str each): splitting
+        a str is several times faster than unmarshalling 150k separate strings."""
+        tables = dict(self.__dict__)
+        for key in ("tokens", "merges"):
+            sep = next(c for c in map(chr, range(32)) if not any(c in t for t in tables[key]))
+            tables[key] = (sep, sep.join(tables[key]), len(tables[key]))
+        tables["types"] = bytes(self.types)
+        return tables
+
+    @classmethod
+    def from_tables(cls, tables: dict) -> Vocab:
+        tables = dict(tables)
+        for key in ("tokens", "merges"):
+            sep, joined, n = tables[key]
+            tables[key] = joined.split(sep) if n else []
+            if len(tables[key]) != n:
+                raise ValueError(f"{key}: {len(tables[key])} entries, expected {n}")
+        return cls(**tables)
+
+
+def _array(meta: dict, value_types: dict, key: str, element: tuple, required: bool = False):
+    if key not in meta:
+        if required:
+            raise ReflexError(f"tokenizer: {key} is missing")
+        return None
+    value = meta[key]
+    if value_types.get(key) != ValueType.ARRAY or value.element_type not in element:
+        raise ReflexError(f"tokenizer: {key} must be an array of {'/'.join(t.name for t in element)}")
+    return value
+
+
+def load_vocab(gguf_file) -> Vocab:
+    meta, vtypes = gguf_file.metadata, gguf_file.value_types
+    model = meta.get("tokenizer.ggml.model")
+    if model is None:
+        raise ReflexError("tokenizer: tokenizer.ggml.model is missing (the file has no vocabulary)")
+    kind = KIND_BY_MODEL.get(model) if isinstance(model, str) else None
+    if kind is None:
+        raise ReflexError(f"tokenizer: unsupported tokenizer.ggml.model {model!r} (supported: gpt2, llama)")
+    pre = meta.get("tokenizer.ggml.pre")
+    if pre is not None and not isinstance(pre, str):
+        raise ReflexError("tokenizer: tokenizer.ggml.pre must be a string")
+
+    tokens = _array(meta, vtypes, "tokenizer.ggml.tokens", (ValueType.STRING,), required=True).tolist()
+    n = len(tokens)
+    if n == 0:
+        raise ReflexError("tokenizer: tokenizer.ggml.tokens is empty")
+    if "" in tokens:  # llama.cpp renames empty tokens so that every text maps to one id
+        tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    types = _array(meta, vtypes, "tokenizer.ggml.token_type", (ValueType.INT32,))
+    types = types.tolist() if types is not None else [NORMAL] * n
+    if len(types) != n:
+        raise ReflexError(f"tokenizer: tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
+    if any(not 0 <= t <= BYTE for t in types):  # llama.cpp reads unknown values as UNDEFINED
+        types = [t if 0 <= t <= BYTE else UNDEFINED for t in types]
+    scores: list = []
+    merges: list = []
+    if kind == "spm":
+        arr = _array(meta, vtypes, "tokenizer.ggml.scores", (ValueType.FLOAT32, ValueType.INT32))
+        scores = [float(s) for s in arr.tolist()] if arr is not None else [0.0] * n
+        if len(scores) != n:
+            raise ReflexError(f"tokenizer: tokenizer.ggml.scores has {len(scores)} entries for {n} tokens")
+    else:
+        merges = _array(meta, vtypes, "tokenizer.ggml.merges", (ValueType.STRING,), required=True).tolist()
+        _check_merges(merges)
+
+    bos, eos, unk = _DEFAULT_IDS[kind]
+    ids = {"bos": bos, "eos": eos, "unknown": unk}
+    for name in _SPECIAL_KEYS:
+        key = f"tokenizer.ggml.{name}_token_id"
+        if ids.get(name) is not None and ids[name] >= n:
+            ids[name] = None
+        value = meta.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ReflexError(f"tokenizer: {key} must be an integer, found {value!r}")
+        if 0 <= value < n:  # out of range: ignored, the default stays (llama.cpp warns)
+            ids[name] = value
+
+    llama3 = kind == "bpe" and pre in _LLAMA3_PRES
+    add_bos = _flag(meta, "tokenizer.ggml.add_bos_token", kind == "spm" or llama3)
+    add_eos = _flag(meta, "tokenizer.ggml.add_eos_token", False)
+    if add_bos and ids["bos"] is None:
+        raise ReflexError("tokenizer: add_bos_token is set but the vocabulary has no BOS token")
+    vocab = Vocab(
+        kind=kind, pre=pre, tokens=tokens, types=types, scores=scores, merges=merges,
+        bos_id=ids["bos"], eos_id=ids["eos"], eot_id=ids.get("eot"), eom_id=ids.get("eom"),
+        unk_id=ids["unknown"], pad_id=ids.get("padding"), sep_id=ids.get("seperator"),
+        add_bos=add_bos, add_eos=add_eos,
+        add_space_prefix=_flag(meta, "tokenizer.ggml.add_space_prefix", kind == "spm"),
+        ignore_merges=llama3,
+    )
+    _mark_end_of_generation(vocab)
+    return vocab
+
+
+def _flag(meta: dict, key: str, default: bool) -> bool:
+    value = meta.get(key, default)
+    if not isinstance(value, bool):
+        raise ReflexError(f"tokenizer: {key} must be a bool, found {value!r}")
+    return value
+
+
+_BAD_MERGE = re.compile(r"(?m)^(?:|.[^ \n]*|.[^ \n]* )$")
+
+
+def _check_merges(merges: list[str]) -> None:
+    # llama.cpp splits each entry at its first space after position 0; an entry without one
+    # would silently become the pair ("", "") there, so it is an error here. One regex pass
+    # over the joined entries; the loop below only runs to name the bad entry.
+    joined = "\n".join(merges)
+    if joined.count("\n") == len(merges) - 1 and not _BAD_MERGE.search(joined):
+        return
+    for i, entry in enumerate(merges):
+        cut = entry.find(" ", 1)
+        if cut < 0 or cut == len(entry) - 1:
+            raise ReflexError(f"tokenizer: tokenizer.ggml.merges[{i}] = {entry!r} is not 'left right'")
+
+
+def _mark_end_of_generation(v: Vocab) -> None:
+    """eot by text when the file names none, the EOG set, and CONTROL for tokens found by text.
+
+    Unlike llama.cpp, only tokens that are not NORMAL are found by text: Qwen's vocabulary
+    has an ordinary "</s>" token (HTML strike-through), which llama.cpp turns into a control
+    token that stops generation and is matched as special in prompts; HF does neither.
+    """
+    found = [i for i, (text, t) in enumerate(zip(v.tokens, v.types)) if t != NORMAL and text in _EOG_TEXTS]
+    if v.eot_id is None:
+        v.eot_id = next((i for i in found if v.tokens[i] in _EOT_TEXTS), None)
+    for i in found:
+        v.types[i] = CONTROL  # llama.cpp: "control-looking token ... will be overridden"
+    v.eog_ids = sorted({*found, *(i for i in (v.eos_id, v.eot_id, v.eom_id) if i is not None)})

