@@ -63,6 +63,108 @@ def cmd_prepare(args) -> int:
     return 0
 
 
+def _model_and_prompt(args) -> tuple[str, str]:
+    from .demo import DEMO_PROMPT, demo_model_path
+
+    if args.demo:
+        if len(args.inputs) > 1:
+            raise ReflexError("with --demo give only the PROMPT")
+        return demo_model_path(), args.inputs[0] if args.inputs else DEMO_PROMPT
+    if len(args.inputs) != 2:
+        raise ReflexError("give MODEL and PROMPT (or --demo [PROMPT])")
+    return args.inputs[0], args.inputs[1]
+
+
+def _open_and_encode(args):
+    """Host-side work first: open the file, render and encode the prompt; then the backend."""
+    from .engine import ModelFile
+
+    path, prompt = _model_and_prompt(args)
+    file = ModelFile(path)
+    if args.chat:
+        prompt = file.render_chat([{"role": "user", "content": prompt}])
+    # A rendered template carries its own BOS text; don't add a second one.
+    ids = file.encode(prompt, add_bos=False if args.chat else None)
+    return file, file.load(device=args.device, n_ctx=args.ctx_size), ids
+
+
+def _result_line(tag: str, fields: dict) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.2f}" if abs(v) >= 0.01 or v == 0 else f"{v:.3g}"
+        return json.dumps(v, ensure_ascii=False) if isinstance(v, str) else str(v)
+
+    return " ".join([tag] + [f"{k}={fmt(v)}" for k, v in fields.items()])
+
+
+_PHASES = ("gguf_open_ms", "tokenizer_ms", "backend_init_ms", "model_load_ms", "prompt_eval_ms", "first_token_ms", "total_ms")
+
+
+def _phases(timings: dict) -> dict:
+    return {k: round(timings[k], 3) for k in _PHASES if k in timings}
+
+
+def cmd_generate(args) -> int:
+    from .sampling import SamplingParams
+
+    sampling = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                              repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
+                              repeat_last_n=args.repeat_last_n, seed=args.seed)
+    _, model, ids = _open_and_encode(args)
+    gen = model.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop)
+    for event in gen:
+        if not args.json and event.text:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    summary = {"tokens": len(gen.tokens), "prompt_tokens": gen.prompt_tokens, "tokens_per_s": round(gen.tokens_per_s, 3),
+               "finish": gen.finish_reason, **_phases(gen.timings)}
+    if args.json:
+        print(json.dumps({"text": gen.text, "token_ids": gen.tokens, **summary}, ensure_ascii=False))
+    else:
+        print()
+        print(_result_line("REFLEX_GENERATE_OK", summary))
+    return 0
+
+
+def cmd_system1(args) -> int:
+    _, model, ids = _open_and_encode(args)
+    result = model.system1(ids, args.candidate or [])
+    candidates = [{"index": c.index, "text": c.text, "score": c.score, "probability": c.probability,
+                   "tokens": len(c.tokens)} for c in result.candidates]
+    summary = {"best": result.best, "best_text": result.candidates[result.best].text, "entropy": result.entropy,
+               "candidates": len(candidates), "prompt_tokens": result.prompt_tokens, **_phases(result.timings)}
+    if args.json:
+        print(json.dumps({**summary, "scores": candidates}, ensure_ascii=False))
+    else:
+        for c in candidates:
+            print(_result_line("REFLEX_SYSTEM1_CANDIDATE_OK", {**c, "score": round(c["score"], 6), "probability": round(c["probability"], 6)}))
+        print(_result_line("REFLEX_SYSTEM1_OK", {**summary, "entropy": round(result.entropy, 6)}))
+    return 0
+
+
+def cmd_check(args) -> int:
+    from .check import check_against_reference
+
+    from .engine import ModelFile
+
+    model = ModelFile(args.model).load(device=args.device)
+    report = check_against_reference(model, args.reference, tolerance=args.tolerance)
+    for line in report.lines:
+        print(line)
+    print(_result_line("REFLEX_CHECK_OK" if report.ok else "REFLEX_CHECK_FAIL",
+                       {"worst": report.worst, "tolerance": args.tolerance, "prompts": report.n_prompts}))
+    return 0 if report.ok else 1
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inputs", nargs="*", metavar="MODEL PROMPT", help="a .gguf file and the prompt (with --demo: just the prompt)")
+    p.add_argument("--demo", action="store_true", help="use the embedded SmolLM2-135M-Instruct demo model")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the model's chat template")
+    p.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
+    p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text and a result line")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="reflex", description="GGUF-native LLM inference, built for the cold start.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -81,6 +183,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="match control tokens such as <|im_end|> written in the text (default: on)")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(run=cmd_tokenize)
+
+    p = sub.add_parser("generate", help="generate text from a prompt")
+    _add_run_options(p)
+    p.add_argument("-n", "--max-tokens", type=int, default=64)
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
+    p.add_argument("--top-k", type=int, default=40, help="0 = off")
+    p.add_argument("--top-p", type=float, default=0.95, help="1 = off")
+    p.add_argument("--min-p", type=float, default=0.05, help="0 = off")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off")
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--repeat-last-n", type=int, default=64)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
+    p.set_defaults(run=cmd_generate)
+
+    p = sub.add_parser("system1", help="score candidate answers in one forward pass")
+    _add_run_options(p)
+    p.add_argument("--candidate", action="append", metavar="TEXT", help="a candidate continuation (repeat for each)")
+    p.set_defaults(run=cmd_system1)
+
+    p = sub.add_parser("check", help="compare our logits with a reference; non-zero exit on mismatch")
+    _add_model(p)
+    p.add_argument("--reference", required=True, metavar="NPZ",
+                   help="goldens file: prompt_<i> token ids and logits_<i> float32 [T, V]; optional greedy_prompt_<j>/greedy_<j>")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    p.add_argument("--tolerance", type=float, default=1e-4, help="max |error| relative to each prompt's logit range")
+    p.set_defaults(run=cmd_check)
 
     p = sub.add_parser("prepare", help="write build-time caches beside the model (MODEL.reflex)")
     _add_model(p)

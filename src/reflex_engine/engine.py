@@ -1,0 +1,285 @@
+"""Where file, architecture and backend meet: open a model, evaluate batches, generate, score.
+
+ModelFile is the host-side half (GGUF, architecture config, tokenizer) and imports no numpy,
+so a caller can open the file and encode the prompt before any backend exists. Model adds
+a backend and the weights on it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+from .arch import get_arch
+from .arch.weights import load_weights
+from .errors import ReflexError
+from .gguf import GGUFFile
+from .ops import Batch
+from .timing import Timings, since_start_ms
+from .tokenizer import Tokenizer
+
+
+class ModelFile:
+    """A GGUF model opened on the host: metadata, architecture config, tokenizer."""
+
+    def __init__(self, path: str, timings: Timings | None = None):
+        self.timings = timings or Timings()
+        with self.timings.phase("gguf_open"):
+            self.gguf = GGUFFile(path)
+            meta = self.gguf.metadata
+            self.arch = get_arch(meta.get("general.architecture"))
+            self.config = self.arch.config(meta)
+        with self.timings.phase("tokenizer"):
+            self.tokenizer = Tokenizer.from_gguf(self.gguf)
+        if self.tokenizer.n_vocab != self.config.n_vocab:
+            raise ReflexError(f"{path}: tokenizer has {self.tokenizer.n_vocab} tokens, the model {self.config.n_vocab}")
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.gguf.metadata.get("tokenizer.chat_template")
+
+    def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=add_bos, parse_special=parse_special)
+
+    def render_chat(self, messages: list[dict]) -> str:
+        from .chat import render_chat
+
+        if not self.chat_template:
+            raise ReflexError(f"{self.gguf.path} has no chat template (tokenizer.chat_template)")
+        tok = self.tokenizer
+        text = lambda token: tok.decode([token], special=True) if token is not None else ""  # noqa: E731
+        return render_chat(self.chat_template, messages, bos_token=text(tok.bos_id), eos_token=text(tok.eos_id))
+
+    def load(self, device: str = "auto", n_ctx: int | None = None) -> Model:
+        from .backends import create_backend
+
+        with self.timings.phase("backend_init"):
+            ops = create_backend(device)
+        with self.timings.phase("model_load"):
+            weights = load_weights(self.gguf, self.config, self.arch.TENSORS, self.arch.LAYER_TENSORS, ops)
+        return Model(self, ops, weights, n_ctx or self.config.n_ctx_train)
+
+
+@dataclass
+class TokenEvent:
+    id: int
+    text: str  # safe to print: whole characters, stop-string prefixes held back
+
+
+@dataclass
+class Generation:
+    """Iterate for TokenEvents; after that, the summary fields are filled in."""
+
+    _events: Iterator[TokenEvent]
+    prompt_tokens: int
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None  # "eos", "stop" or "length"
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        return self._events
+
+    @property
+    def tokens_per_s(self) -> float:
+        seconds = self.timings.get("decode_ms", 0.0) / 1e3
+        return len(self.tokens) / seconds if seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    index: int
+    text: str
+    tokens: list[int]
+    score: float  # log P(candidate | prompt), summed over its tokens (nats)
+    probability: float  # softmax of the scores over the candidate set
+
+
+@dataclass(frozen=True)
+class System1Result:
+    candidates: list[Candidate]
+    best: int
+    entropy: float  # of the candidate distribution, nats
+    prompt_tokens: int
+    timings: dict[str, float]
+
+
+class Model:
+    def __init__(self, file: ModelFile, ops, weights, n_ctx: int):
+        self.file, self.ops, self.weights, self.n_ctx = file, ops, weights, n_ctx
+        self.config, self.tokenizer = file.config, file.tokenizer
+
+    # -- text --------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
+        return self.file.encode(text, add_bos=add_bos, parse_special=parse_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    # -- evaluation ----------------------------------------------------------------------------
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        bad = [t for t in ids if not 0 <= t < self.config.n_vocab]
+        if bad:
+            raise ReflexError(f"token id {bad[0]} is outside the vocabulary (0..{self.config.n_vocab - 1})")
+
+    def _new_cache(self, capacity: int):
+        c = self.config
+        return self.ops.new_kv_cache(c.n_layers, capacity, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.v_head_dim)
+
+    def _forward(self, cache, batch: Batch, out_rows: Sequence[int]):
+        logits = self.file.arch.forward(self.ops, self.weights, self.config, cache, batch, out_rows)
+        return self.ops.to_host(logits)
+
+    def logits(self, token_ids: Sequence[int]):
+        """float32 (len(token_ids), V): next-token logits at every position. No BOS is added."""
+        ids = list(token_ids)
+        if not ids:
+            raise ReflexError("logits needs at least one token")
+        self._check_ids(ids)
+        self._check_fits(len(ids), "the input")
+        return self._forward(self._new_cache(len(ids)), Batch.causal(ids, 0), range(len(ids)))
+
+    def _check_fits(self, n: int, what: str) -> None:
+        if n > self.n_ctx:
+            raise ReflexError(f"{what} is {n} tokens, longer than the context ({self.n_ctx})")
+
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ReflexError("the prompt is empty (it tokenizes to no tokens)")
+        self._check_ids(ids)
+        return ids
+
+    # -- generate ------------------------------------------------------------------------------
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, sampling=None,
+                 stop: Sequence[str] = (), ignore_eos: bool = False) -> Generation:
+        from .sampling import Sampler, SamplingParams
+
+        if max_tokens < 1:
+            raise ReflexError("max tokens must be at least 1")
+        ids = self._prompt_ids(prompt)
+        self._check_fits(len(ids), "the prompt")
+        if len(ids) == self.n_ctx:
+            raise ReflexError(f"the prompt fills the whole context ({self.n_ctx} tokens) and leaves no room to generate")
+        if any(not s for s in stop):
+            raise ReflexError("a stop string must not be empty")
+        sampler = Sampler(sampling or SamplingParams())
+        gen = Generation(iter(()), prompt_tokens=len(ids), timings=dict(self.file.timings.phases))
+        eog = frozenset() if ignore_eos else self.tokenizer.eog_ids
+        gen._events = self._generate(gen, ids, max_tokens, sampler, tuple(stop), eog)
+        return gen
+
+    def _generate(self, gen: Generation, ids: list[int], max_tokens: int, sampler, stop: tuple[str, ...], eog):
+        import time
+
+        capacity = min(self.n_ctx, len(ids) + max_tokens)
+        cache = self._new_cache(capacity)
+        with _Phase(gen.timings, "prompt_eval"):
+            logits = self._forward(cache, Batch.causal(ids, 0), [len(ids) - 1])[-1]
+        history, n_past = list(ids), len(ids)
+        stream, text, emitted = self.tokenizer.stream(), "", 0
+        decode_start = time.perf_counter()
+        while True:
+            token = sampler(logits, history)
+            if not gen.tokens:
+                gen.timings["first_token_ms"] = since_start_ms()
+            if token in eog:
+                gen.finish_reason = "eos"
+                break
+            gen.tokens.append(token)
+            history.append(token)
+            text += stream.feed(token)
+            cut = _find_stop(text, stop, emitted)
+            if cut is not None:
+                yield TokenEvent(token, text[emitted:cut])
+                text, emitted = text[:cut], cut
+                gen.finish_reason = "stop"
+                break
+            safe = len(text) - _held_back(text, stop)
+            yield TokenEvent(token, text[emitted:safe])
+            emitted = max(emitted, safe)
+            if len(gen.tokens) == max_tokens or n_past == capacity:
+                gen.finish_reason = "length"
+                break
+            logits = self._forward(cache, Batch.causal([token], n_past), [0])[-1]
+            n_past += 1
+        if gen.finish_reason != "stop":
+            text += stream.flush()
+            if emitted < len(text):
+                yield TokenEvent(gen.tokens[-1] if gen.tokens else -1, text[emitted:])
+        gen.text = text
+        gen.timings["decode_ms"] = (time.perf_counter() - decode_start) * 1e3
+        gen.timings["total_ms"] = since_start_ms()
+
+    # -- system1 -------------------------------------------------------------------------------
+
+    def system1(self, prompt: str | Sequence[int], candidates: Sequence[str]) -> System1Result:
+        """Score every candidate continuation in one forward pass (see ops.Batch for the mask)."""
+        from .sampling import log_softmax
+
+        if not candidates:
+            raise ReflexError("system1 needs at least one candidate")
+        timings = dict(self.file.timings.phases)
+        p_ids = self._prompt_ids(prompt)
+        c_ids = [self.tokenize(c, add_bos=False) for c in candidates]
+        for i, (text, ids) in enumerate(zip(candidates, c_ids)):
+            if not ids:
+                raise ReflexError(f"candidate {i} ({text!r}) tokenizes to no tokens")
+        n = len(p_ids)
+        self._check_fits(n + sum(map(len, c_ids)), "the prompt plus all candidates")
+        tokens, positions, segments = list(p_ids), list(range(n)), [0] * n
+        rows, targets = [n - 1], []  # logits rows predicting each candidate token
+        for seg, ids in enumerate(c_ids, start=1):
+            first = len(tokens)
+            tokens += ids
+            positions += range(n, n + len(ids))
+            segments += [seg] * len(ids)
+            targets.append([(0 if j == 0 else len(rows) + j - 1, t) for j, t in enumerate(ids)])
+            rows += range(first, first + len(ids) - 1)
+        with _Phase(timings, "prompt_eval"):
+            logprobs = log_softmax(self._forward(self._new_cache(len(tokens)), Batch(tokens, positions, segments, 0), rows))
+        timings["first_token_ms"] = since_start_ms()
+        scores = [sum(float(logprobs[r, t]) for r, t in tgt) for tgt in targets]
+        top = max(scores)
+        weights = [math.exp(s - top) for s in scores]
+        total = sum(weights)
+        probs = [w / total for w in weights]
+        entropy = -sum(p * math.log(p) for p in probs if p > 0)
+        result = [Candidate(i, candidates[i], c_ids[i], scores[i], probs[i]) for i in range(len(candidates))]
+        timings["total_ms"] = since_start_ms()
+        return System1Result(result, max(range(len(scores)), key=scores.__getitem__), entropy, n, timings)
+
+
+class _Phase:
+    def __init__(self, timings: dict, name: str):
+        self.timings, self.name = timings, name
+
+    def __enter__(self):
+        import time
+
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        import time
+
+        self.timings[f"{self.name}_ms"] = (time.perf_counter() - self.start) * 1e3
+
+
+def _find_stop(text: str, stop: tuple[str, ...], emitted: int) -> int | None:
+    """Index where the earliest stop string begins, searching only text not yet emitted."""
+    hits = [i for s in stop if (i := text.find(s, max(0, emitted - len(s) + 1))) >= 0]
+    return min(hits) if hits else None
+
+
+def _held_back(text: str, stop: tuple[str, ...]) -> int:
+    """Length of the longest suffix of text that could still grow into a stop string."""
+    longest = 0
+    for s in stop:
+        for n in range(min(len(s) - 1, len(text)), longest, -1):
+            if text.endswith(s[:n]):
+                longest = n
+                break
+    return longest

@@ -1,0 +1,28 @@
+"""Per-phase wall-clock timings, measured from the moment reflex_engine was first imported."""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+from . import PROCESS_T0
+
+
+class Timings:
+    def __init__(self):
+        self.phases: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[f"{name}_ms"] = self.phases.get(f"{name}_ms", 0.0) + (time.perf_counter() - start) * 1e3
+
+    def mark(self, name: str) -> None:
+        """Record now, as ms since the process began running reflex code."""
+        self.phases[f"{name}_ms"] = since_start_ms()
+
+
+def since_start_ms() -> float:
+    return (time.perf_counter() - PROCESS_T0) * 1e3

@@ -1,0 +1,80 @@
+"""The CPU forward pass against transformers, on tiny random llama/qwen3 models converted by
+llama.cpp's convert_hf_to_gguf.py at every listed quant type (tests/goldens, made by
+tools/make_goldens.py). Logits within 1e-4 of the logit range; greedy identical for 32 tokens."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import reflex_engine
+from reflex_engine.check import check_against_reference
+from reflex_engine.gguf import GGUFFile
+from reflex_engine.tokenizer import Tokenizer
+
+GOLDENS = os.path.join(os.path.dirname(__file__), "goldens")
+ARCHS = ["llama", "qwen3"]
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]
+TOLERANCE = 1e-4
+
+
+def paths(arch, qtype):
+    return os.path.join(GOLDENS, arch, f"{arch}-{qtype}.gguf"), os.path.join(GOLDENS, arch, f"goldens-{qtype}.npz")
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_and_greedy_match_transformers(arch, qtype):
+    model_path, golden_path = paths(arch, qtype)
+    model = reflex_engine.load(model_path, device="cpu")
+    report = check_against_reference(model, golden_path, tolerance=TOLERANCE)
+    assert report.ok, "\n".join(report.lines)
+    assert report.n_prompts == 5
+    assert sum("greedy" in line and "identical" in line for line in report.lines) == 2
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tokenizer_matches_hf_on_the_toy_vocab(arch):
+    with GGUFFile(paths(arch, "F32")[0]) as f:
+        tok = Tokenizer.from_gguf(f)
+    with open(os.path.join(GOLDENS, arch, "tokenizer-check.json")) as fh:
+        cases = json.load(fh)["cases"]
+    for case in cases:
+        assert tok.encode(case["text"], add_bos=False) == case["ids"], case["text"]
+        assert tok.encode(case["text"]) == case["ids_with_special"], case["text"]
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "reflex_engine", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_check_command_passes_on_goldens_and_fails_on_a_poisoned_reference(tmp_path):
+    model_path, golden_path = paths("qwen3", "Q4_K")
+    ok = run_cli("check", model_path, "--reference", golden_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.rstrip().split("\n")[-1].startswith("REFLEX_CHECK_OK")
+
+    with np.load(golden_path) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["logits_3"] = arrays["logits_3"].copy()
+    arrays["logits_3"][5, 17] += 0.05  # one logit off by ~1% of the range
+    poisoned = str(tmp_path / "poisoned.npz")
+    np.savez(poisoned, **arrays)
+    bad = run_cli("check", model_path, "--reference", poisoned)
+    assert bad.returncode == 1
+    assert "prompt 3: 16 tokens" in bad.stdout and "at position 5" in bad.stdout and "MISMATCH" in bad.stdout
+    assert bad.stdout.rstrip().split("\n")[-1].startswith("REFLEX_CHECK_FAIL")
+
+
+def test_generate_and_system1_run_on_a_tiny_model_with_chat_template():
+    model_path, _ = paths("qwen3", "Q8_0")
+    gen = run_cli("generate", model_path, "Hello", "--chat", "--temp", "0", "-n", "5")
+    assert gen.returncode == 0, gen.stderr
+    assert gen.stdout.rstrip().split("\n")[-1].startswith("REFLEX_GENERATE_OK ")
+    s1 = run_cli("system1", model_path, "Hello", "--candidate", "a", "--candidate", "bc")
+    assert s1.returncode == 0, s1.stderr
+    lines = s1.stdout.rstrip().split("\n")
+    assert [line.split()[0] for line in lines] == ["REFLEX_SYSTEM1_CANDIDATE_OK"] * 2 + ["REFLEX_SYSTEM1_OK"]
