@@ -1,0 +1,673 @@
+#!/usr/bin/env python3
+"""Make the golden test fixtures for the CPU forward pass (dev-only; CI never runs this).
+
+For each architecture (llama, qwen3) the tool:
+
+1. builds a tiny random Hugging Face checkpoint plus a toy byte-level BPE tokenizer;
+2. converts it to GGUF with llama.cpp's own ``convert_hf_to_gguf.py`` (F32, F16, BF16, Q8_0)
+   and quantizes every 2-D weight of the F32 file with ggml's reference quantizer
+   (``ggml_quantize_chunk`` from a libggml-base built here) to Q4_0, Q4_1, Q4_K, Q5_K, Q6_K;
+3. runs transformers on each GGUF file (``from_pretrained(..., gguf_file=...)``, which
+   dequantizes through gguf-py) to record the logits of a few fixed prompts and greedy
+   continuations.
+
+Everything here is ground truth for reflex_engine, so nothing from reflex_engine is imported.
+
+Requirements (torch CPU build, transformers, llama.cpp's converter dependencies):
+
+    pip install -e '.[goldens]'
+
+plus cmake and a C/C++ compiler for libggml-base. Run from the repository root:
+
+    python tools/make_goldens.py
+
+Outputs go to tests/goldens/ (see tests/goldens/README.md, which this tool also writes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO_ROOT / "tests" / "goldens"
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "reflex-engine-goldens"
+
+# llama.cpp source comes from the llama-cpp-python sdist (it vendors llama.cpp, the converter and gguf-py).
+SDIST_NAME = "llama_cpp_python-0.3.36.tar.gz"
+SDIST_INDEX = "https://pypi.org/simple/llama-cpp-python/"
+LLAMA_CPP_COMMIT = "0c1e570"  # the commit vendored in that sdist
+
+SEED = 1234
+VOCAB_SIZE = 384  # model vocab; a bit above the toy tokenizer so the converter writes [PAD{i}] tokens
+N_MERGES = 112  # BPE merges learned by the toy tokenizer (bounded by VOCAB_SIZE minus bytes and added tokens)
+GREEDY_NEW_TOKENS = 32
+N_GREEDY_PROMPTS = 2
+N_GREEDY_CANDIDATES = 40  # random extra prompts to try when the logits prompts give near-ties
+MIN_RELATIVE_MARGIN = 1e-3  # greedy top-1/top-2 gap must be at least this fraction of the step's logit range
+
+# GGUF type name -> how it is produced. Converter outtypes come straight from convert_hf_to_gguf.py;
+# the others are requantized from the F32 file with ggml_quantize_chunk.
+CONVERTER_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0"}
+GGML_QUANT_TYPES = ["Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]
+ALL_TYPES = list(CONVERTER_TYPES) + GGML_QUANT_TYPES
+
+# general.file_type for the requantized files (LlamaFileType). A file where every matrix is Q4_K is
+# closest to Q4_K_S; the key is informational only, readers must trust the per-tensor types.
+FILE_TYPE_NAMES = {"Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1", "Q4_K": "MOSTLY_Q4_K_S",
+                   "Q5_K": "MOSTLY_Q5_K_S", "Q6_K": "MOSTLY_Q6_K"}
+
+# Pre-tokenizer regexes exactly as llama.cpp's llm_tokenizer_bpe spells them (src/llama-vocab.cpp).
+# The HF tokenizer splits with the same regex, so HF's ids are what a GGUF tokenizer must give.
+QWEN2_REGEX = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_REGEX = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# A small English + code corpus for the toy BPE. Its only job is to give real, learned merges.
+TRAINING_TEXT = """\
+The quick brown fox jumps over the lazy dog. The dog did not mind; it was asleep in the sun.
+It is a truth universally acknowledged that a small model in possession of random weights
+must be in want of a test. We're testing the tokenizer, and they'll see that it's working.
+In the beginning there was the token, and the token was with the model, and the model was tiny.
+Hello world! Hello there, how are you doing today? I'm doing well, thank you for asking.
+Numbers like 3, 33, 333, 2024 and 3.14159 appear in text; so do dates such as 2025-01-31.
+The engine reads the file, parses the header, maps the tensors, and then it runs the forward pass.
+def forward(self, input_ids, positions):
+    hidden = self.embed(input_ids)
+    for layer in self.layers:
+        hidden = layer(hidden, positions)
+    return self.norm(hidden) @ self.output.T
+
+class Tokenizer:
+    def __init__(self, vocab, merges):
+        self.vocab = vocab
+        self.merges = {pair: rank for rank, pair in enumerate(merges)}
+
+    def encode(self, text: str) -> list[int]:
+        return [self.vocab[piece] for piece in self.split(text)]
+
+for i in range(10):
+    print(f"step {i}: loss = {loss:.4f}")
+if __name__ == "__main__":
+    main()
+"""
+
+# Strings whose HF token ids are saved to tokenizer-check.json (for checking our GGUF tokenizer later).
+TOKENIZER_CHECK_STRINGS = [
+    "Hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    " leading space and  double  spaces",
+    "numbers 3 33 333 3333 3.14",
+    "def main():\n    return 42\n",
+    "I'm sure they'll say it's fine. WE'RE LOUD",
+    "tabs\tand\nnewlines\n\n",
+    "unicode: café naïve 東京 🚀",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "<think>reasoning</think> answer",
+]
+ENGLISH_PROMPT = "The engine reads the file and then it runs the forward pass."
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """What differs between the two tiny models."""
+
+    name: str  # GGUF architecture string
+    pre: str  # tokenizer.ggml.pre forced into the converter
+    regex: str  # HF pre-tokenizer split regex matching that pre name
+    ignore_merges: bool  # llama.cpp's llama-bpe sets ignore_merges; HF must do the same to agree
+    bos_token: str | None
+    add_bos: bool
+
+
+ARCHS = {
+    "llama": ArchSpec("llama", "llama-bpe", LLAMA3_REGEX, True, "<|begin_of_text|>", True),
+    "qwen3": ArchSpec("qwen3", "qwen2", QWEN2_REGEX, False, None, False),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# llama.cpp source and libggml-base
+# --------------------------------------------------------------------------------------------
+
+def locate_llama_cpp(arg: Path | None, cache: Path) -> Path:
+    """Return a llama.cpp source tree: --llama-cpp, or the sdist unpacked into the cache."""
+    def has_converter(d: Path) -> bool:
+        return (d / "convert_hf_to_gguf.py").is_file()
+
+    if arg:
+        if not has_converter(arg):
+            sys.exit(f"--llama-cpp {arg}: no convert_hf_to_gguf.py there")
+        return arg.resolve()
+    unpacked = cache / SDIST_NAME.removesuffix(".tar.gz") / "vendor" / "llama.cpp"
+    return unpacked.resolve() if has_converter(unpacked) else download_sdist(cache)
+
+
+def download_sdist(cache: Path) -> Path:
+    """Fetch llama-cpp-python's sdist from PyPI (JSON simple API), check its sha256, unpack it."""
+    cache.mkdir(parents=True, exist_ok=True)
+    req = urllib.request.Request(SDIST_INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        index = json.load(resp)
+    entry = next(f for f in index["files"] if f["filename"] == SDIST_NAME)
+    tarball = cache / SDIST_NAME
+    print(f"downloading {entry['url']}")
+    with urllib.request.urlopen(entry["url"], timeout=600) as resp:
+        data = resp.read()
+    if "sha256" in entry.get("hashes", {}) and hashlib.sha256(data).hexdigest() != entry["hashes"]["sha256"]:
+        sys.exit(f"{SDIST_NAME}: sha256 mismatch")
+    tarball.write_bytes(data)
+    with tarfile.open(tarball) as tf:
+        tf.extractall(cache, filter="data")
+    return (cache / SDIST_NAME.removesuffix(".tar.gz") / "vendor" / "llama.cpp").resolve()
+
+
+def build_libggml_base(llama_cpp: Path, cache: Path) -> Path:
+    """Build only the ggml-base target (CPU, shared) into the cache; it holds the reference quantizers.
+
+    ggml's own CMakeLists wants ggml.pc.in when it is the top-level project, and the sdist lacks that
+    file, so a two-line wrapper project pulls ggml in as a subdirectory instead.
+    """
+    build = cache / "ggml-build"
+    lib = build / "ggml" / "src" / "libggml-base.so"
+    if lib.is_file():
+        return lib
+    wrapper = cache / "ggml-wrapper"
+    wrapper.mkdir(parents=True, exist_ok=True)
+    (wrapper / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.14)\nproject(ggml_base_only C CXX)\n"
+        f'add_subdirectory("{llama_cpp / "ggml"}" ggml)\n')
+    print("building libggml-base (cmake) ...")
+    run_logged(["cmake", "-S", str(wrapper), "-B", str(build), "-DBUILD_SHARED_LIBS=ON",
+                "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_OPENMP=OFF",
+                "-DGGML_BACKEND_DL=OFF", "-DGGML_CCACHE=OFF"], cache / "ggml-cmake.log")
+    run_logged(["cmake", "--build", str(build), "--target", "ggml-base", f"-j{os.cpu_count() or 2}"],
+               cache / "ggml-build.log")
+    return lib
+
+
+def run_logged(cmd: list[str], log: Path) -> None:
+    """Run a command with its output in a log file; show the log's tail if it fails."""
+    with open(log, "w") as f:
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if rc != 0:
+        sys.exit(f"command failed ({rc}): {' '.join(cmd)}\n--- {log} ---\n{log.read_text()[-4000:]}")
+
+
+class GgmlQuantizer:
+    """ggml's reference quantizer and dequantizer through ctypes (what llama-quantize calls, no imatrix)."""
+
+    class _TypeTraits(ctypes.Structure):
+        _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
+                    ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
+                    ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
+                    ("from_float_ref", ctypes.c_void_p)]
+
+    _ToFloat = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64)
+
+    def __init__(self, lib_path: Path):
+        self.lib = ctypes.CDLL(str(lib_path))
+        self.lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_void_p,
+                                                 ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                                 ctypes.POINTER(ctypes.c_float)]
+        self.lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+        self.lib.ggml_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
+        self.lib.ggml_row_size.restype = ctypes.c_size_t
+        self.lib.ggml_quantize_requires_imatrix.argtypes = [ctypes.c_int]
+        self.lib.ggml_quantize_requires_imatrix.restype = ctypes.c_bool
+        self.lib.ggml_get_type_traits.argtypes = [ctypes.c_int]
+        self.lib.ggml_get_type_traits.restype = ctypes.POINTER(self._TypeTraits)
+
+    def quantize(self, rows: np.ndarray, qtype: int) -> np.ndarray:
+        """Quantize float32 [n_rows, n_per_row] to uint8 [n_rows, row_bytes]."""
+        assert not self.lib.ggml_quantize_requires_imatrix(qtype)
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        n_rows, n_per_row = rows.shape
+        row_bytes = self.lib.ggml_row_size(qtype, n_per_row)
+        out = np.zeros((n_rows, row_bytes), dtype=np.uint8)
+        written = self.lib.ggml_quantize_chunk(qtype, rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                                               out.ctypes.data, 0, n_rows, n_per_row, None)
+        assert written == out.nbytes, (written, out.nbytes)
+        return out
+
+    def dequantize(self, blocks: np.ndarray, qtype: int, n_per_row: int) -> np.ndarray:
+        """ggml's C dequantizer (type_traits.to_float), used to cross-check gguf-py's."""
+        blocks = np.ascontiguousarray(blocks)
+        out = np.zeros((blocks.shape[0], n_per_row), dtype=np.float32)
+        to_float = self._ToFloat(self.lib.ggml_get_type_traits(qtype).contents.to_float)
+        to_float(blocks.ctypes.data, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size)
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# Tiny checkpoint: tokenizer + random model
+# --------------------------------------------------------------------------------------------
+
+def build_tokenizer(spec: ArchSpec):
+    """Train a toy byte-level BPE whose pre-tokenizer is the regex llama.cpp uses for spec.pre."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(ignore_merges=spec.ignore_merges))
+    # Split with the llama.cpp regex, then map bytes to GPT-2 unicode without a second regex
+    # (the layout of Qwen2's and Llama-3's tokenizer.json).
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(spec.regex), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=256 + N_MERGES, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([TRAINING_TEXT], trainer)
+    assert len(json.loads(tok.to_str())["model"]["merges"]) >= 1, "the GGUF needs tokenizer.ggml.merges"
+
+    # Added tokens go after the learned vocab, as in real Qwen/Llama tokenizers. Special ones become
+    # CONTROL in the GGUF; <think>/</think> are non-special (USER_DEFINED), like Qwen3's.
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + ([spec.bos_token] if spec.bos_token else [])
+    tok.add_special_tokens(specials)
+    tok.add_tokens(["<think>", "</think>"])
+    if spec.add_bos:
+        bos = spec.bos_token
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    assert tok.get_vocab_size() < VOCAB_SIZE
+    return tok
+
+
+def save_tokenizer(tok, spec: ArchSpec, ckpt: Path) -> None:
+    """Save as a HF fast tokenizer with a ChatML template in tokenizer_config.json."""
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=spec.bos_token, eos_token="<|im_end|>",
+                                 pad_token="<|endoftext|>")
+    hf.save_pretrained(ckpt)
+    # transformers 5 writes the template to chat_template.jinja; keep it in tokenizer_config.json
+    # instead (the classic place, read by older transformers and by gguf-py's SpecialVocab alike).
+    (ckpt / "chat_template.jinja").unlink(missing_ok=True)
+    cfg_path = ckpt / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATE,
+        "add_bos_token": spec.add_bos,
+        "add_eos_token": False,
+        # llama.cpp cleans spaces on decode for llama-bpe but not for qwen2
+        "clean_up_tokenization_spaces": spec.name == "llama",
+    })
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+
+
+def build_model(spec: ArchSpec, ckpt: Path, seed: int):
+    """Random tiny model with O(1) logits and non-trivial norm weights; saved next to the tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    common = dict(vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                  rms_norm_eps=1e-6, max_position_embeddings=512, rope_theta=10000.0,
+                  # a wider init than the default 0.02 so attention is not uniform and logits are O(1)
+                  initializer_range=0.1,
+                  bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                  attn_implementation="eager")  # as the GGUF references, so the F32 check is exact
+    if spec.name == "llama":
+        cfg = LlamaConfig(num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                          tie_word_embeddings=True, **common)
+        model_cls = LlamaForCausalLM
+    else:
+        # head_dim 128: transformers' GGUF loader ignores qwen3.attention.key_length and assumes 128
+        cfg = Qwen3Config(num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+                          tie_word_embeddings=False, **common)
+        model_cls = Qwen3ForCausalLM
+    torch.manual_seed(seed)
+    model = model_cls(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):  # RMSNorm weights: random around 1 so they are exercised
+                p.copy_(1.0 + 0.25 * torch.randn_like(p))
+        # Halve the embeddings (std 0.05) relative to the blocks (std 0.1): when the token's own
+        # embedding dominates the residual stream, a tied LM head makes greedy decoding repeat the
+        # input token forever, which would test the KV cache poorly.
+        model.get_input_embeddings().weight.mul_(0.5)
+        if not cfg.tie_word_embeddings:
+            model.get_output_embeddings().weight.mul_(0.5)
+    model.save_pretrained(ckpt, safe_serialization=True)
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# GGUF files
+# --------------------------------------------------------------------------------------------
+
+# Run llama.cpp's converter as __main__ with get_vocab_base_pre pinned to a fixed name: the toy
+# BPE's hash of the check string matches no known model, so the converter would otherwise refuse.
+CONVERTER_WRAPPER = """
+import runpy, sys
+llama_cpp, pre = sys.argv[1], sys.argv[2]
+sys.path.insert(0, llama_cpp)
+sys.path.insert(1, llama_cpp + "/gguf-py")  # the converter's own gguf-py, as it would use itself
+import conversion.base
+conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+sys.argv = [llama_cpp + "/convert_hf_to_gguf.py"] + sys.argv[3:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def convert(llama_cpp: Path, ckpt: Path, spec: ArchSpec, outtype: str, outfile: Path, logdir: Path) -> None:
+    cmd = [sys.executable, "-c", CONVERTER_WRAPPER, str(llama_cpp), spec.pre, str(ckpt),
+           "--outtype", outtype, "--outfile", str(outfile), "--model-name", f"reflex-tiny-{spec.name}"]
+    run_logged(cmd, logdir / f"convert-{spec.name}-{outtype}.log")
+
+
+def requantize(src: Path, dst: Path, type_name: str, quantizer: GgmlQuantizer) -> None:
+    """Copy src (an F32 GGUF) with every 2-D weight quantized to type_name; 1-D norms stay F32."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[type_name]
+    reader = gguf.GGUFReader(src)
+    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    writer = gguf.GGUFWriter(dst, arch)
+    for field in reader.fields.values():
+        # GGUF.* are the reader's virtual header fields; the writer adds general.architecture itself
+        if field.name.startswith("GGUF.") or field.name == gguf.Keys.General.ARCHITECTURE:
+            continue
+        value = field.contents()
+        if field.name == gguf.Keys.General.FILE_TYPE:
+            value = int(gguf.LlamaFileType[FILE_TYPE_NAMES[type_name]])
+        vtype = field.types[0]
+        writer.add_key_value(field.name, value, vtype,
+                             sub_type=field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        data = np.asarray(t.data)
+        assert t.tensor_type == gguf.GGMLQuantizationType.F32
+        if data.ndim == 2:
+            assert data.shape[1] % 256 == 0, (t.name, data.shape)  # every block type here fits a row
+            blocks = quantizer.quantize(data, qtype)
+            # gguf-py is what transformers dequantizes with; it must agree bit for bit with ggml's C
+            via_py = gguf.dequantize(blocks, qtype)
+            via_c = quantizer.dequantize(blocks, qtype, data.shape[1])
+            assert np.array_equal(via_py.view(np.uint32), via_c.view(np.uint32)), f"{t.name}: gguf-py != ggml"
+            if type_name in ("Q4_0", "Q4_1"):  # gguf-py's quantizer is documented byte-identical for these
+                assert np.array_equal(gguf.quantize(data, qtype), blocks), f"{t.name}: gguf-py quantize differs"
+            writer.add_tensor(t.name, blocks, raw_dtype=qtype)
+        else:
+            writer.add_tensor(t.name, data.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def check_readable(path: Path) -> dict:
+    """Read a file back with gguf-py and dequantize every tensor; return a small description."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    types = {}
+    for t in reader.tensors:
+        values = gguf.dequantize(t.data, t.tensor_type)
+        assert np.isfinite(values).all(), f"{path.name}:{t.name} has non-finite values"
+        types.setdefault(t.tensor_type.name, 0)
+        types[t.tensor_type.name] += 1
+    return {"tensors": len(reader.tensors), "types": types}
+
+
+# --------------------------------------------------------------------------------------------
+# References from transformers
+# --------------------------------------------------------------------------------------------
+
+def load_gguf_model(path: Path):
+    """transformers on the GGUF alone (config and weights from the file), float32, eager attention."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                                attn_implementation="eager").eval()
+
+
+def prompt_logits(model, prompt: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([prompt])).logits[0].float().numpy()
+
+
+def greedy(model, prompt: list[int], n_new: int) -> tuple[list[int], float]:
+    """Greedy continuation with the HF KV cache; returns the ids and the smallest relative top-2 gap."""
+    import torch
+
+    new_ids: list[int] = []
+    min_margin = float("inf")
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+        for step in range(n_new):
+            logits = out.logits[0, -1]
+            top2 = torch.topk(logits, 2)
+            gap = float(top2.values[0] - top2.values[1])
+            min_margin = min(min_margin, gap / float(logits.max() - logits.min()))
+            new_ids.append(int(top2.indices[0]))
+            if step + 1 < n_new:
+                out = model(input_ids=torch.tensor([[new_ids[-1]]]), cache=out.cache,
+                            use_cache=True)
+    # The cached loop must agree with one uncached pass over prompt + continuation.
+    full = prompt_logits(model, prompt + new_ids[:-1])[len(prompt) - 1:]
+    assert full.argmax(-1).tolist() == new_ids, "cached and uncached greedy disagree"
+    return new_ids, min_margin
+
+
+def select_greedy(model, candidates: list[list[int]]) -> list[tuple[list[int], list[int], float]]:
+    """(prompt, continuation, min relative margin) for the first N_GREEDY_PROMPTS robust candidates."""
+    chosen = []
+    for cand in candidates:
+        ids, margin = greedy(model, cand, GREEDY_NEW_TOKENS)
+        if margin >= MIN_RELATIVE_MARGIN:
+            chosen.append((cand, ids, margin))
+            if len(chosen) == N_GREEDY_PROMPTS:
+                return chosen
+    sys.exit("not enough greedy candidates with a clear top-1 at every step; add candidates")
+
+
+def make_prompts(tokenizer, seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Fixed logits prompts (lengths 1..40, one from the real tokenizer) and extra greedy candidates."""
+    rng = np.random.default_rng(seed)
+    n_tok = len(tokenizer)  # real token ids only; [PAD] rows are random too but never come from text
+
+    def rand(n: int) -> list[int]:
+        return rng.integers(0, n_tok, size=n).tolist()
+
+    english = tokenizer.encode(ENGLISH_PROMPT)  # adds BOS where the tokenizer does (llama-bpe)
+    prompts = [rand(1), english, rand(7), rand(16), rand(40)]
+    extra_greedy = [rand(n) for n in rng.integers(2, 21, size=N_GREEDY_CANDIDATES)]
+    return prompts, extra_greedy
+
+
+def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """np.savez_compressed with fixed zip timestamps, so reruns produce identical bytes."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, arr in arrays.items():
+            info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with zf.open(info, "w") as f:
+                np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Per-architecture pipeline
+# --------------------------------------------------------------------------------------------
+
+def make_arch(spec: ArchSpec, args, llama_cpp: Path, quantizer: GgmlQuantizer) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    out_dir = args.out / spec.name
+    ckpt = args.cache / "checkpoints" / f"reflex-tiny-{spec.name}"
+    for d in (out_dir, ckpt):
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+
+    # 1-2. tokenizer + random model
+    save_tokenizer(build_tokenizer(spec), spec, ckpt)
+    hf_model = build_model(spec, ckpt, args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+
+    # 3. GGUF files
+    paths = {t: out_dir / f"{spec.name}-{t}.gguf" for t in ALL_TYPES}
+    for type_name, outtype in CONVERTER_TYPES.items():
+        convert(llama_cpp, ckpt, spec, outtype, paths[type_name], args.cache)
+    for type_name in GGML_QUANT_TYPES:
+        requantize(paths["F32"], paths[type_name], type_name, quantizer)
+    readable = {t: check_readable(p) for t, p in paths.items()}
+
+    # 4. references
+    prompts, extra_greedy = make_prompts(tokenizer, args.seed)
+    models = {t: load_gguf_model(p) for t, p in paths.items()}
+
+    # The F32 GGUF must reproduce the HF checkpoint (conversion is lossless; the llama Q/K row
+    # permutation is undone by transformers' loader).
+    max_diff = 0.0
+    for p in prompts:
+        ref = prompt_logits(hf_model, p)
+        max_diff = max(max_diff, float(np.abs(prompt_logits(models["F32"], p) - ref).max()))
+        assert ref.max() - ref.min() > 1.0, f"{spec.name}: logits too flat ({ref.min()}..{ref.max()})"
+    assert max_diff <= 1e-6, f"{spec.name}: F32 GGUF differs from the HF checkpoint by {max_diff}"
+    print(f"F32 GGUF vs HF checkpoint: max |logit diff| = {max_diff:.3g}")
+
+    # Greedy prompts, chosen per file: the first candidates whose continuation has a clear top-1 at
+    # every step in that file. (A random model's top-2 gaps are often tiny; asking one prompt to be
+    # robust in all nine files at once rejects almost every candidate for qwen3.)
+    greedy_out = {t: select_greedy(m, prompts[1:] + extra_greedy) for t, m in models.items()}
+
+    summary = []
+    for t, model in models.items():
+        arrays = {}
+        lo, hi = np.inf, -np.inf
+        for i, p in enumerate(prompts):
+            logits = prompt_logits(model, p).astype(np.float32)
+            arrays[f"prompt_{i}"] = np.asarray(p, dtype=np.int32)
+            arrays[f"logits_{i}"] = logits
+            lo, hi = min(lo, logits.min()), max(hi, logits.max())
+        for j, (gp, ids, _) in enumerate(greedy_out[t]):
+            arrays[f"greedy_prompt_{j}"] = np.asarray(gp, dtype=np.int32)
+            arrays[f"greedy_{j}"] = np.asarray(ids, dtype=np.int32)
+        write_npz(out_dir / f"goldens-{t}.npz", arrays)
+        summary.append({"file": f"{spec.name}/{paths[t].name}", "bytes": paths[t].stat().st_size,
+                        "logit_min": float(lo), "logit_max": float(hi),
+                        "min_greedy_margin": min(m for _, _, m in greedy_out[t]), **readable[t]})
+
+    # Tokenizer ids from HF, for checking a GGUF tokenizer built from the same vocab.
+    cases = [{"text": s, "ids": tokenizer.encode(s, add_special_tokens=False),
+              "ids_with_special": tokenizer.encode(s, add_special_tokens=True)} for s in TOKENIZER_CHECK_STRINGS]
+    header = {"pre": spec.pre, "add_bos": spec.add_bos,
+              "note": "ids: HF encode(add_special_tokens=False), special tokens in the text are parsed; "
+                      "ids_with_special: plus what the tokenizer adds itself (BOS for llama-bpe)"}
+    body = ",\n".join("  " + json.dumps(c, ensure_ascii=False) for c in cases)  # one case per line
+    (out_dir / "tokenizer-check.json").write_text(json.dumps(header, ensure_ascii=False)[:-1]
+                                                  + ', "cases": [\n' + body + "\n]}\n")
+    return summary
+
+
+def write_readme(out: Path) -> None:
+    import gguf
+    import tokenizers
+    import torch
+    import transformers
+
+    gguf_version = getattr(gguf, "__version__", None)
+    if gguf_version is None:
+        from importlib.metadata import version
+        gguf_version = version("gguf")
+    (out / "README.md").write_text(f"""\
+# Golden fixtures for the CPU forward pass
+
+Generated by `tools/make_goldens.py`; do not edit by hand. Regenerate (needs torch, so not in CI) with:
+
+    pip install -e '.[goldens]'
+    python tools/make_goldens.py
+
+Per architecture (`llama`: tied output, 4 heads / 2 KV heads, head_dim 64; `qwen3`: separate
+`output.weight`, 2 heads / 1 KV head, head_dim 128, q/k norms), a tiny random model (hidden 256,
+FFN 256, 2 layers, vocab {VOCAB_SIZE}, rope_theta 10000, rms eps 1e-6, block weights std 0.1, embeddings
+std 0.05, random RMSNorm weights around 1)
+with a toy byte-level BPE tokenizer (tokenizer.ggml.pre `llama-bpe` / `qwen2`):
+
+- `<arch>/<arch>-<TYPE>.gguf`, TYPE in {", ".join(ALL_TYPES)}. F32/F16/BF16/Q8_0 are written by
+  llama.cpp's `convert_hf_to_gguf.py`; the others quantize every 2-D weight of the F32 file with
+  ggml's reference quantizer (`ggml_quantize_chunk`, no imatrix), norms stay F32.
+- `<arch>/goldens-<TYPE>.npz`: `prompt_i` (int32 ids) and `logits_i` (float32 [T, vocab], every
+  position); `greedy_prompt_j` and `greedy_j` ({GREEDY_NEW_TOKENS} greedy new ids; EOS and [PAD] ids are
+  not special-cased). The reference is transformers run on that file's own weights (dequantized by
+  gguf-py, checked bit-identical to ggml's C dequantizers), float32, eager attention. Greedy prompts
+  are chosen per file, so read them from each npz: the first candidates whose every step has a
+  top-1/top-2 gap of at least {MIN_RELATIVE_MARGIN:g} of that step's logit range.
+- `<arch>/tokenizer-check.json`: strings and the ids HF's tokenizer gives for them.
+
+Versions: torch {torch.__version__}, transformers {transformers.__version__}, tokenizers
+{tokenizers.__version__}, gguf (gguf-py) {gguf_version}, numpy {np.__version__}; llama.cpp {LLAMA_CPP_COMMIT}
+as vendored in the `{SDIST_NAME}` sdist (converter, ggml).
+""")
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output dir (default: tests/goldens)")
+    ap.add_argument("--llama-cpp", type=Path, default=None,
+                    help="llama.cpp source tree (default: the llama-cpp-python sdist from PyPI, unpacked into the cache)")
+    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
+                    help="work dir for checkpoints, logs, the sdist and libggml-base (outside the repo)")
+    ap.add_argument("--arch", choices=list(ARCHS), action="append", help="only these (default: all)")
+    ap.add_argument("--seed", type=int, default=SEED)
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    args.out, args.cache = args.out.resolve(), args.cache.resolve()
+    args.cache.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF loader has its own tqdm bars
+    import torch
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    torch.use_deterministic_algorithms(True)
+
+    llama_cpp = locate_llama_cpp(args.llama_cpp, args.cache)
+    quantizer = GgmlQuantizer(build_libggml_base(llama_cpp, args.cache))
+    print(f"llama.cpp: {llama_cpp}\ntorch {torch.__version__}, transformers {transformers.__version__}")
+
+    summary = []
+    for name in args.arch or list(ARCHS):
+        print(f"== {name}")
+        summary += make_arch(ARCHS[name], args, llama_cpp, quantizer)
+    write_readme(args.out)
+
+    print(f"\n{'file':28} {'bytes':>9} {'logit range':>18} {'min greedy margin':>18}  tensor types")
+    for s in summary:
+        print(f"{s['file']:28} {s['bytes']:9d} {s['logit_min']:8.3f}..{s['logit_max']:<8.3f} "
+              f"{s['min_greedy_margin']:18.4f}  {s['types']}")
+    total = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
+    print(f"total under {args.out}: {total / 1e6:.2f} MB")
+
+
+if __name__ == "__main__":
+    main()
