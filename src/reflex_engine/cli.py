@@ -91,7 +91,7 @@ def _open_and_encode(args):
 def _result_line(tag: str, fields: dict) -> str:
     def fmt(v):
         if isinstance(v, float):
-            return f"{v:.2f}" if abs(v) >= 0.01 or v == 0 else f"{v:.3g}"
+            return f"{v:.7g}"
         return json.dumps(v, ensure_ascii=False) if isinstance(v, str) else str(v)
 
     return " ".join([tag] + [f"{k}={fmt(v)}" for k, v in fields.items()])
@@ -111,7 +111,7 @@ def cmd_generate(args) -> int:
                               repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
                               repeat_last_n=args.repeat_last_n, seed=args.seed)
     _, model, ids = _open_and_encode(args)
-    gen = model.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop)
+    gen = model.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop, ignore_eos=args.ignore_eos)
     for event in gen:
         if not args.json and event.text:
             sys.stdout.write(event.text)
@@ -137,8 +137,8 @@ def cmd_system1(args) -> int:
         print(json.dumps({**summary, "scores": candidates}, ensure_ascii=False))
     else:
         for c in candidates:
-            print(_result_line("REFLEX_SYSTEM1_CANDIDATE_OK", {**c, "score": round(c["score"], 6), "probability": round(c["probability"], 6)}))
-        print(_result_line("REFLEX_SYSTEM1_OK", {**summary, "entropy": round(result.entropy, 6)}))
+            print(_result_line("REFLEX_SYSTEM1_CANDIDATE_OK", c))
+        print(_result_line("REFLEX_SYSTEM1_OK", summary))
     return 0
 
 
@@ -196,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat-last-n", type=int, default=64)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
     p.set_defaults(run=cmd_generate)
 
     p = sub.add_parser("system1", help="score candidate answers in one forward pass")

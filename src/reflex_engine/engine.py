@@ -156,7 +156,7 @@ class Model:
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, sampling=None,
                  stop: Sequence[str] = (), ignore_eos: bool = False) -> Generation:
-        from .sampling import Sampler, SamplingParams
+        from .sampling import SamplingParams
 
         if max_tokens < 1:
             raise ReflexError("max tokens must be at least 1")
@@ -166,7 +166,7 @@ class Model:
             raise ReflexError(f"the prompt fills the whole context ({self.n_ctx} tokens) and leaves no room to generate")
         if any(not s for s in stop):
             raise ReflexError("a stop string must not be empty")
-        sampler = Sampler(sampling or SamplingParams())
+        sampler = self.ops.new_sampler(sampling or SamplingParams())
         gen = Generation(iter(()), prompt_tokens=len(ids), timings=dict(self.file.timings.phases))
         eog = frozenset() if ignore_eos else self.tokenizer.eog_ids
         gen._events = self._generate(gen, ids, max_tokens, sampler, tuple(stop), eog)
@@ -218,8 +218,6 @@ class Model:
 
     def system1(self, prompt: str | Sequence[int], candidates: Sequence[str]) -> System1Result:
         """Score every candidate continuation in one forward pass (see ops.Batch for the mask)."""
-        from .sampling import log_softmax
-
         if not candidates:
             raise ReflexError("system1 needs at least one candidate")
         timings = dict(self.file.timings.phases)
@@ -240,7 +238,7 @@ class Model:
             targets.append([(0 if j == 0 else len(rows) + j - 1, t) for j, t in enumerate(ids)])
             rows += range(first, first + len(ids) - 1)
         with _Phase(timings, "prompt_eval"):
-            logprobs = log_softmax(self._forward(self._new_cache(len(tokens)), Batch(tokens, positions, segments, 0), rows))
+            logprobs = self.ops.log_softmax(self._forward(self._new_cache(len(tokens)), Batch(tokens, positions, segments, 0), rows))
         timings["first_token_ms"] = since_start_ms()
         scores = [sum(float(logprobs[r, t]) for r, t in tgt) for tgt in targets]
         top = max(scores)

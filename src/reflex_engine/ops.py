@@ -87,3 +87,9 @@ class Ops(Protocol):
 
     def to_host(self, x: Tensor):
         """A float32 numpy array of x (the only place activations leave the backend)."""
+
+    def new_sampler(self, params) -> Any:
+        """A callable (logits row (V,), token history) -> next token id, for SamplingParams."""
+
+    def log_softmax(self, rows: Tensor):
+        """Row-wise log-probabilities of (N, V) logits, as a float64 host array."""

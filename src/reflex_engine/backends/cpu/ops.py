@@ -8,6 +8,7 @@ import numpy as np
 
 from ...ops import Batch, Rope, RopeMode
 from ...quants import dequantize
+from .sampler import Sampler, log_softmax
 
 
 @dataclass
@@ -97,3 +98,9 @@ class CpuOps:
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(x, dtype=np.float32)
+
+    def new_sampler(self, params) -> Sampler:
+        return Sampler(params)
+
+    def log_softmax(self, rows: np.ndarray) -> np.ndarray:
+        return log_softmax(rows)

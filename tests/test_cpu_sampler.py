@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
+from reflex_engine.backends.cpu.sampler import Sampler, log_softmax
 from reflex_engine.errors import ReflexError
-from reflex_engine.sampling import Sampler, SamplingParams, log_softmax
+from reflex_engine.sampling import SamplingParams
 
 LOGITS = np.log(np.array([0.40, 0.25, 0.15, 0.10, 0.06, 0.04], np.float32))
 

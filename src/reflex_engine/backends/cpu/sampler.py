@@ -1,0 +1,58 @@
+"""Choosing the next token from a row of logits, in llama.cpp's default order:
+penalties -> top-k -> top-p -> min-p -> temperature -> draw. Temperature 0 is greedy."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ...sampling import SamplingParams
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        p = self.params
+        logits = self._penalized(np.array(logits, dtype=np.float32), history)
+        if p.temperature == 0:
+            return int(np.argmax(logits))
+        ids = np.argsort(-logits, kind="stable")
+        if p.top_k:
+            ids = ids[: p.top_k]
+        kept = logits[ids]
+        probs = _softmax(kept)
+        if p.top_p < 1:
+            # smallest prefix whose mass reaches top_p (always at least one token)
+            cut = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
+            ids, kept, probs = ids[:cut], kept[:cut], probs[:cut]
+        if p.min_p > 0:
+            keep = probs >= p.min_p * probs[0]
+            ids, kept = ids[keep], kept[keep]
+        probs = _softmax(kept / np.float32(p.temperature))
+        return int(ids[self.rng.choice(len(ids), p=probs)])
+
+    def _penalized(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        p = self.params
+        if p.repeat_last_n == 0 or (p.repeat_penalty == 1 and p.presence_penalty == 0) or not history:
+            return logits
+        recent = np.unique(np.asarray(history[-p.repeat_last_n :], dtype=np.int64))
+        seen = logits[recent]
+        # as llama.cpp: shrink positive logits, grow negative ones
+        seen = np.where(seen > 0, seen / p.repeat_penalty, seen * p.repeat_penalty)
+        logits[recent] = seen - p.presence_penalty
+        return logits
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x.astype(np.float64) - np.max(x))
+    return e / e.sum()
+
+
+def log_softmax(rows: np.ndarray) -> np.ndarray:
+    """Row-wise log-probabilities, computed in float64 for the scores system1 reports."""
+    rows = rows.astype(np.float64)
+    shifted = rows - rows.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
