@@ -7,6 +7,7 @@ a backend and the weights on it.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -15,7 +16,7 @@ from .arch.weights import load_weights
 from .errors import ReflexError
 from .gguf import GGUFFile
 from .ops import Batch
-from .timing import Timings, since_start_ms
+from .timing import Timings
 from .tokenizer import Tokenizer
 
 
@@ -75,7 +76,7 @@ class Generation:
     tokens: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None  # "eos", "stop" or "length"
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # the *_ms phases
 
     def __iter__(self) -> Iterator[TokenEvent]:
         return self._events
@@ -167,17 +168,17 @@ class Model:
         if any(not s for s in stop):
             raise ReflexError("a stop string must not be empty")
         sampler = self.ops.new_sampler(sampling or SamplingParams())
-        gen = Generation(iter(()), prompt_tokens=len(ids), timings=dict(self.file.timings.phases))
         eog = frozenset() if ignore_eos else self.tokenizer.eog_ids
-        gen._events = self._generate(gen, ids, max_tokens, sampler, tuple(stop), eog)
+        timings = self.file.timings.fork()
+        gen = Generation(iter(()), prompt_tokens=len(ids), timings=timings.phases)
+        gen._events = self._generate(gen, timings, ids, max_tokens, sampler, tuple(stop), eog)
         return gen
 
-    def _generate(self, gen: Generation, ids: list[int], max_tokens: int, sampler, stop: tuple[str, ...], eog):
-        import time
-
+    def _generate(self, gen: Generation, timings: Timings, ids: list[int], max_tokens: int, sampler,
+                  stop: tuple[str, ...], eog):
         capacity = min(self.n_ctx, len(ids) + max_tokens)
         cache = self._new_cache(capacity)
-        with _Phase(gen.timings, "prompt_eval"):
+        with timings.phase("prompt_eval"):
             logits = self._forward(cache, Batch.causal(ids, 0), [len(ids) - 1])[-1]
         history, n_past = list(ids), len(ids)
         stream, text, emitted = self.tokenizer.stream(), "", 0
@@ -185,7 +186,7 @@ class Model:
         while True:
             token = sampler(logits, history)
             if not gen.tokens:
-                gen.timings["first_token_ms"] = since_start_ms()
+                timings.mark("first_token")
             if token in eog:
                 gen.finish_reason = "eos"
                 break
@@ -211,8 +212,8 @@ class Model:
             if emitted < len(text):
                 yield TokenEvent(gen.tokens[-1] if gen.tokens else -1, text[emitted:])
         gen.text = text
-        gen.timings["decode_ms"] = (time.perf_counter() - decode_start) * 1e3
-        gen.timings["total_ms"] = since_start_ms()
+        timings.phases["decode_ms"] = (time.perf_counter() - decode_start) * 1e3
+        timings.mark("total")
 
     # -- system1 -------------------------------------------------------------------------------
 
@@ -220,7 +221,7 @@ class Model:
         """Score every candidate continuation in one forward pass (see ops.Batch for the mask)."""
         if not candidates:
             raise ReflexError("system1 needs at least one candidate")
-        timings = dict(self.file.timings.phases)
+        timings = self.file.timings.fork()
         p_ids = self._prompt_ids(prompt)
         c_ids = [self.tokenize(c, add_bos=False) for c in candidates]
         for i, (text, ids) in enumerate(zip(candidates, c_ids)):
@@ -237,9 +238,9 @@ class Model:
             segments += [seg] * len(ids)
             targets.append([(0 if j == 0 else len(rows) + j - 1, t) for j, t in enumerate(ids)])
             rows += range(first, first + len(ids) - 1)
-        with _Phase(timings, "prompt_eval"):
+        with timings.phase("prompt_eval"):
             logprobs = self.ops.log_softmax(self._forward(self._new_cache(len(tokens)), Batch(tokens, positions, segments, 0), rows))
-        timings["first_token_ms"] = since_start_ms()
+        timings.mark("first_token")
         scores = [sum(float(logprobs[r, t]) for r, t in tgt) for tgt in targets]
         top = max(scores)
         weights = [math.exp(s - top) for s in scores]
@@ -247,23 +248,8 @@ class Model:
         probs = [w / total for w in weights]
         entropy = -sum(p * math.log(p) for p in probs if p > 0)
         result = [Candidate(i, candidates[i], c_ids[i], scores[i], probs[i]) for i in range(len(candidates))]
-        timings["total_ms"] = since_start_ms()
-        return System1Result(result, max(range(len(scores)), key=scores.__getitem__), entropy, n, timings)
-
-
-class _Phase:
-    def __init__(self, timings: dict, name: str):
-        self.timings, self.name = timings, name
-
-    def __enter__(self):
-        import time
-
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc):
-        import time
-
-        self.timings[f"{self.name}_ms"] = (time.perf_counter() - self.start) * 1e3
+        timings.mark("total")
+        return System1Result(result, max(range(len(scores)), key=scores.__getitem__), entropy, n, timings.phases)
 
 
 def _find_stop(text: str, stop: tuple[str, ...], emitted: int) -> int | None:

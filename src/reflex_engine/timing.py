@@ -19,6 +19,12 @@ class Timings:
         finally:
             self.phases[f"{name}_ms"] = self.phases.get(f"{name}_ms", 0.0) + (time.perf_counter() - start) * 1e3
 
+    def fork(self) -> "Timings":
+        """A copy to extend with one request's phases, keeping the load phases."""
+        copy = Timings()
+        copy.phases = dict(self.phases)
+        return copy
+
     def mark(self, name: str) -> None:
         """Record now, as ms since the process began running reflex code."""
         self.phases[f"{name}_ms"] = since_start_ms()
