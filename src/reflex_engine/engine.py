@@ -209,8 +209,8 @@ class Model:
             n_past += 1
         if gen.finish_reason != "stop":
             text += stream.flush()
-            if emitted < len(text):
-                yield TokenEvent(gen.tokens[-1] if gen.tokens else -1, text[emitted:])
+            if emitted < len(text):  # held-back text, or an unfinished character as U+FFFD
+                yield TokenEvent(gen.tokens[-1], text[emitted:])
         gen.text = text
         timings.phases["decode_ms"] = (time.perf_counter() - decode_start) * 1e3
         timings.mark("total")
