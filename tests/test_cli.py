@@ -8,13 +8,13 @@ import sys
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFWriter
+from gguf import GGUFReader
 
+from model_files import GOLDEN_QWEN3, rewrite
 from reference_files import vocab_path
 from reflex_engine.gguf import GGUFFile
 from reflex_engine.tokenizer import Tokenizer
 
-GOLDEN_QWEN3 = os.path.join(os.path.dirname(__file__), "goldens", "qwen3", "qwen3-F32.gguf")
 
 
 def run_cli(*args):
@@ -84,35 +84,6 @@ def test_prepare_writes_sidecar_that_later_runs_use(qwen2_vocab):
     out = run_cli("prepare", qwen2_vocab)
     assert out.returncode == 0 and os.path.exists(qwen2_vocab + ".reflex")
     assert run_cli("tokenize", qwen2_vocab, "a b c").stdout == before
-
-
-def rewrite(src, dst, *, arch=None, drop=None, reshape=None):
-    """Copy a GGUF with gguf-py, optionally changing the architecture, dropping or reshaping a tensor."""
-    reader = GGUFReader(src)
-    old_arch = reader.fields["general.architecture"].contents()
-    writer = GGUFWriter(dst, arch or old_arch)
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        value = field.contents()
-        new_key = key.replace(f"{old_arch}.", f"{arch}.", 1) if arch else key
-        vtype = field.types[0]
-        if vtype == 9:  # array
-            writer.add_array(new_key, value)
-        else:
-            writer.add_key_value(new_key, value, vtype)
-    for t in reader.tensors:
-        if t.name == drop:
-            continue
-        data = np.array(t.data)
-        if t.name == reshape:
-            data = data.reshape(-1)[: data.size // 2]
-        writer.add_tensor(t.name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
 
 
 def test_unknown_architecture(tmp_path):

@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate text from a prompt")
     _add_run_options(p)
-    p.add_argument("-n", "--max-tokens", type=int, default=64)
+    p.add_argument("-n", "--max-tokens", type=int, default=64, help="-1: until the context is full")
     p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
     p.add_argument("--top-k", type=int, default=40, help="0 = off")
     p.add_argument("--top-p", type=float, default=0.95, help="1 = off")

@@ -159,8 +159,8 @@ class Model:
                  stop: Sequence[str] = (), ignore_eos: bool = False) -> Generation:
         from .sampling import SamplingParams
 
-        if max_tokens < 1:
-            raise ReflexError("max tokens must be at least 1")
+        if max_tokens < 1 and max_tokens != -1:
+            raise ReflexError("max tokens must be at least 1 (or -1: until the context is full)")
         ids = self._prompt_ids(prompt)
         self._check_fits(len(ids), "the prompt")
         if len(ids) == self.n_ctx:
@@ -176,7 +176,7 @@ class Model:
 
     def _generate(self, gen: Generation, timings: Timings, ids: list[int], max_tokens: int, sampler,
                   stop: tuple[str, ...], eog):
-        capacity = min(self.n_ctx, len(ids) + max_tokens)
+        capacity = self.n_ctx if max_tokens == -1 else min(self.n_ctx, len(ids) + max_tokens)
         cache = self._new_cache(capacity)
         with timings.phase("prompt_eval"):
             logits = self._forward(cache, Batch.causal(ids, 0), [len(ids) - 1])[-1]

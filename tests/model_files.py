@@ -1,0 +1,37 @@
+"""Model files for tests: the committed tiny goldens, and rewriting a GGUF with gguf-py."""
+import os
+
+import numpy as np
+from gguf import GGUFReader, GGUFWriter
+
+GOLDEN_QWEN3 = os.path.join(os.path.dirname(__file__), "goldens", "qwen3", "qwen3-F32.gguf")
+
+
+def rewrite(src, dst, *, arch=None, drop=None, reshape=None, drop_key=None):
+    """Copy a GGUF with gguf-py, changing the architecture, dropping or reshaping a tensor,
+    or dropping a metadata key."""
+    reader = GGUFReader(src)
+    old_arch = reader.fields["general.architecture"].contents()
+    writer = GGUFWriter(dst, arch or old_arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", drop_key):
+            continue
+        value = field.contents()
+        new_key = key.replace(f"{old_arch}.", f"{arch}.", 1) if arch else key
+        vtype = field.types[0]
+        if vtype == 9:  # array
+            writer.add_array(new_key, value)
+        else:
+            writer.add_key_value(new_key, value, vtype)
+    for t in reader.tensors:
+        if t.name == drop:
+            continue
+        data = np.array(t.data)
+        if t.name == reshape:
+            data = data.reshape(-1)[: data.size // 2]
+        writer.add_tensor(t.name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
