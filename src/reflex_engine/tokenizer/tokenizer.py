@@ -23,6 +23,7 @@ import re
 from ..errors import ReflexError
 from .bpe import BPE, UNICODE_TO_BYTE
 from .pretokenize import PreTokenizer
+from .special import SpecialMatcher
 from .spm import SPM
 from .vocab import BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED, Vocab
 
@@ -39,16 +40,12 @@ class Tokenizer:
         self.eos_id = vocab.eos_id
         self.eog_ids = frozenset(vocab.eog_ids)
         self.add_bos = vocab.add_bos
-        token_to_id = dict(zip(vocab.tokens, range(self.n_vocab)))
-        if len(token_to_id) != self.n_vocab:
-            # llama.cpp keeps the last id of a duplicated text; text->id must be one-to-one
-            raise ReflexError(f"tokenizer: {self.n_vocab - len(token_to_id)} duplicate token texts in tokenizer.ggml.tokens")
         if self.kind == "bpe":
             self._pre = PreTokenizer(vocab.pre if vocab.pre is not None else "default")
-            self._bpe = BPE(token_to_id, vocab.merges, vocab.ignore_merges)
+            self._bpe = BPE(vocab.tokens, vocab.merges, vocab.ignore_merges)
         else:
-            self._spm = SPM(token_to_id, vocab.scores, vocab.unk_id)
-        self._special_re: dict[bool, re.Pattern | None] = {}
+            self._spm = SPM(vocab.tokens, vocab.scores, vocab.unk_id)
+        self._specials: dict[bool, SpecialMatcher | None] = {}
         self._pieces: dict[int, bytes] = {}
 
     @classmethod
@@ -96,26 +93,21 @@ class Tokenizer:
 
     def _partition(self, text: str, parse_special: bool):
         """Yields (text, None) for plain fragments and ("", id) for special tokens."""
-        pattern = self._special_pattern(parse_special)
-        pos = 0
-        if pattern is not None:
-            lookup = self._bpe.token_to_id if self.kind == "bpe" else self._spm.token_to_id
-            for m in pattern.finditer(text):
-                if m.start() > pos:
-                    yield text[pos : m.start()], None
-                yield "", lookup[m.group()]
-                pos = m.end()
-        if pos < len(text):
-            yield text[pos:], None
+        matcher = self._special_matcher(parse_special)
+        if matcher is not None:
+            yield from matcher.partition(text)
+        elif text:
+            yield text, None
 
-    def _special_pattern(self, parse_special: bool):
-        if parse_special not in self._special_re:
-            kinds = {CONTROL, USER_DEFINED, UNKNOWN} if parse_special else {USER_DEFINED}
-            texts = [(t, i) for i, (t, ty) in enumerate(zip(self.vocab.tokens, self.vocab.types)) if ty in kinds]
-            # longest first, so the alternation is leftmost-longest
-            texts.sort(key=lambda ti: (-len(ti[0]), ti[1]))
-            self._special_re[parse_special] = re.compile("|".join(re.escape(t) for t, _ in texts)) if texts else None
-        return self._special_re[parse_special]
+    def _special_matcher(self, parse_special: bool) -> SpecialMatcher | None:
+        if parse_special not in self._specials:
+            kinds = bytes([CONTROL, USER_DEFINED, UNKNOWN] if parse_special else [USER_DEFINED])
+            # a C-level scan of the type bytes: no Python loop over the 150k ids
+            found = (m.start() for m in re.finditer(b"[%s]" % re.escape(kinds), self.vocab.types))
+            ids = {self.vocab.tokens[i]: i for i in found}
+            ids.pop("", None)  # only a damaged table has an empty text
+            self._specials[parse_special] = SpecialMatcher(ids) if ids else None
+        return self._specials[parse_special]
 
     # -- decode -----------------------------------------------------------------------------
 

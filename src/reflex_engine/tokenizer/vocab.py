@@ -3,16 +3,18 @@
 Follows llama.cpp's llama_vocab::impl::load (src/llama-vocab.cpp): per-model defaults for the
 special ids and flags, overridden by the file; out-of-range special ids are ignored (the
 default is kept) as llama.cpp does; end-of-generation ids include tokens found by their
-text. Everything here is plain lists/dicts of str/int/float so that the sidecar can store
-the result (`to_tables` / `from_tables`) and skip this work on the next start.
+text. The result is packed (`Strings`, bytes, arrays) so that the sidecar can store it as a
+few byte blobs (`to_tables` / `from_tables`) that load without building per-token objects.
 """
 from __future__ import annotations
 
 import re
+from array import array
 from dataclasses import dataclass, field
 
 from ..errors import ReflexError
 from ..gguf.constants import ValueType
+from .strings import Strings
 
 # tokenizer.ggml.token_type values
 UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 0, 1, 2, 3, 4, 5, 6
@@ -30,10 +32,10 @@ _EOG_TEXTS = frozenset(_EOT_TEXTS + ("<|eom_id|>", "<|return|>", "<|call|>", "<e
 class Vocab:
     kind: str  # "bpe" | "spm"
     pre: str | None  # tokenizer.ggml.pre as written (None when absent)
-    tokens: list[str]
-    types: list[int] | bytes  # token_type per id (NORMAL when the key is absent); bytes when cached
-    scores: list[float]  # SPM merge priorities; empty for BPE
-    merges: list[str]  # BPE "left right" entries in rank order; empty for SPM
+    tokens: Strings  # text per id, and text -> id
+    types: bytes  # token_type per id (NORMAL when the key is absent)
+    scores: array  # 'd': SPM merge priorities; empty for BPE
+    merges: Strings  # BPE "left right" entries, position = rank; empty for SPM
     bos_id: int | None
     eos_id: int | None
     eot_id: int | None
@@ -48,23 +50,18 @@ class Vocab:
     eog_ids: list[int] = field(default_factory=list)
 
     def to_tables(self) -> dict:
-        """marshal-friendly form. The string lists are stored joined (one str each): splitting
-        a str is several times faster than unmarshalling 150k separate strings."""
+        """marshal-friendly form: the big tables as bytes."""
         tables = dict(self.__dict__)
-        for key in ("tokens", "merges"):
-            sep = next(c for c in map(chr, range(32)) if not any(c in t for t in tables[key]))
-            tables[key] = (sep, sep.join(tables[key]), len(tables[key]))
-        tables["types"] = bytes(self.types)
+        tables["tokens"], tables["merges"] = self.tokens.to_tuple(), self.merges.to_tuple()
+        tables["scores"] = self.scores.tobytes()
         return tables
 
     @classmethod
     def from_tables(cls, tables: dict) -> Vocab:
+        """Raises KeyError/TypeError/ValueError on tables of the wrong shape."""
         tables = dict(tables)
-        for key in ("tokens", "merges"):
-            sep, joined, n = tables[key]
-            tables[key] = joined.split(sep) if n else []
-            if len(tables[key]) != n:
-                raise ValueError(f"{key}: {len(tables[key])} entries, expected {n}")
+        tables["tokens"], tables["merges"] = Strings.from_tuple(tables["tokens"]), Strings.from_tuple(tables["merges"])
+        tables["scores"] = array("d", tables["scores"])
         return cls(**tables)
 
 
@@ -91,27 +88,31 @@ def load_vocab(gguf_file) -> Vocab:
     if pre is not None and not isinstance(pre, str):
         raise ReflexError("tokenizer: tokenizer.ggml.pre must be a string")
 
-    tokens = _array(meta, vtypes, "tokenizer.ggml.tokens", (ValueType.STRING,), required=True).tolist()
+    tokens = _array(meta, vtypes, "tokenizer.ggml.tokens", (ValueType.STRING,), required=True).raw_strings()
     n = len(tokens)
     if n == 0:
         raise ReflexError("tokenizer: tokenizer.ggml.tokens is empty")
-    if "" in tokens:  # llama.cpp renames empty tokens so that every text maps to one id
-        tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    if b"" in tokens:  # llama.cpp renames empty tokens so that every text maps to one id
+        tokens = [t or f"[EMPTY_{i}]".encode() for i, t in enumerate(tokens)]
+    token_table, duplicates = Strings.build(tokens)
+    if duplicates:
+        # llama.cpp keeps the last id of a duplicated text; text->id must be one-to-one
+        raise ReflexError(f"tokenizer: {duplicates} duplicate token texts in tokenizer.ggml.tokens")
     types = _array(meta, vtypes, "tokenizer.ggml.token_type", (ValueType.INT32,))
     types = types.tolist() if types is not None else [NORMAL] * n
     if len(types) != n:
         raise ReflexError(f"tokenizer: tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
-    if any(not 0 <= t <= BYTE for t in types):  # llama.cpp reads unknown values as UNDEFINED
+    if min(types) < 0 or max(types) > BYTE:  # llama.cpp reads unknown values as UNDEFINED
         types = [t if 0 <= t <= BYTE else UNDEFINED for t in types]
-    scores: list = []
+    scores = array("d")
     merges: list = []
     if kind == "spm":
         arr = _array(meta, vtypes, "tokenizer.ggml.scores", (ValueType.FLOAT32, ValueType.INT32))
-        scores = [float(s) for s in arr.tolist()] if arr is not None else [0.0] * n
+        scores = array("d", arr.tolist() if arr is not None else [0.0] * n)
         if len(scores) != n:
             raise ReflexError(f"tokenizer: tokenizer.ggml.scores has {len(scores)} entries for {n} tokens")
     else:
-        merges = _array(meta, vtypes, "tokenizer.ggml.merges", (ValueType.STRING,), required=True).tolist()
+        merges = _array(meta, vtypes, "tokenizer.ggml.merges", (ValueType.STRING,), required=True).raw_strings()
         _check_merges(merges)
 
     bos, eos, unk = _DEFAULT_IDS[kind]
@@ -134,7 +135,8 @@ def load_vocab(gguf_file) -> Vocab:
     if add_bos and ids["bos"] is None:
         raise ReflexError("tokenizer: add_bos_token is set but the vocabulary has no BOS token")
     vocab = Vocab(
-        kind=kind, pre=pre, tokens=tokens, types=types, scores=scores, merges=merges,
+        kind=kind, pre=pre, tokens=token_table, types=bytes(types), scores=scores,
+        merges=Strings.build(merges)[0],  # a repeated entry keeps its first rank
         bos_id=ids["bos"], eos_id=ids["eos"], eot_id=ids.get("eot"), eom_id=ids.get("eom"),
         unk_id=ids["unknown"], pad_id=ids.get("padding"), sep_id=ids.get("seperator"),
         add_bos=add_bos, add_eos=add_eos,
@@ -152,20 +154,21 @@ def _flag(meta: dict, key: str, default: bool) -> bool:
     return value
 
 
-_BAD_MERGE = re.compile(r"(?m)^(?:|.[^ \n]*|.[^ \n]* )$")
+_BAD_MERGE = re.compile(rb"(?m)^(?:|.[^ \n]*|.[^ \n]* )$")
 
 
-def _check_merges(merges: list[str]) -> None:
+def _check_merges(merges: list[bytes]) -> None:
     # llama.cpp splits each entry at its first space after position 0; an entry without one
     # would silently become the pair ("", "") there, so it is an error here. One regex pass
     # over the joined entries; the loop below only runs to name the bad entry.
-    joined = "\n".join(merges)
-    if joined.count("\n") == len(merges) - 1 and not _BAD_MERGE.search(joined):
+    joined = b"\n".join(merges)
+    if joined.count(b"\n") == len(merges) - 1 and not _BAD_MERGE.search(joined):
         return
     for i, entry in enumerate(merges):
-        cut = entry.find(" ", 1)
+        cut = entry.find(b" ", 1)
         if cut < 0 or cut == len(entry) - 1:
-            raise ReflexError(f"tokenizer: tokenizer.ggml.merges[{i}] = {entry!r} is not 'left right'")
+            text = entry.decode("utf-8", "replace")
+            raise ReflexError(f"tokenizer: tokenizer.ggml.merges[{i}] = {text!r} is not 'left right'")
 
 
 def _mark_end_of_generation(v: Vocab) -> None:
@@ -175,9 +178,11 @@ def _mark_end_of_generation(v: Vocab) -> None:
     has an ordinary "</s>" token (HTML strike-through), which llama.cpp turns into a control
     token that stops generation and is matched as special in prompts; HF does neither.
     """
-    found = [i for i, (text, t) in enumerate(zip(v.tokens, v.types)) if t != NORMAL and text in _EOG_TEXTS]
+    found = sorted(i for i in map(v.tokens.get, _EOG_TEXTS) if i is not None and v.types[i] != NORMAL)
     if v.eot_id is None:
         v.eot_id = next((i for i in found if v.tokens[i] in _EOT_TEXTS), None)
+    types = bytearray(v.types)
     for i in found:
-        v.types[i] = CONTROL  # llama.cpp: "control-looking token ... will be overridden"
+        types[i] = CONTROL  # llama.cpp: "control-looking token ... will be overridden"
+    v.types = bytes(types)
     v.eog_ids = sorted({*found, *(i for i in (v.eos_id, v.eot_id, v.eom_id) if i is not None)})
