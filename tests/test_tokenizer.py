@@ -315,10 +315,10 @@ def test_sidecar_cache_used_only_when_fresh(tmp_path, monkeypatch):
     sidecar.write_sections(str(path), {"tokenizer": prepare_tokenizer(f)})
     import reflex_engine.tokenizer.cache as cache
 
+    reference = ours_named("qwen2")  # built from the GGUF before load_vocab is patched
     real_load = cache.load_vocab
     monkeypatch.setattr(cache, "load_vocab", lambda _f: pytest.fail("cache ignored"))
     cached = Tokenizer.from_gguf(f)
-    reference = ours_named("qwen2")
     for text in FIXED:
         assert cached.encode(text) == reference.encode(text)
     assert cached.eog_ids == reference.eog_ids and cached.decode(range(300, 400)) == reference.decode(range(300, 400))
