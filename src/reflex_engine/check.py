@@ -7,20 +7,18 @@ logit range, so the tolerance means the same for a tiny random model and a real 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from .errors import ReflexError
 from .sampling import SamplingParams
 
 
-@dataclass
 class Report:
-    lines: list[str] = field(default_factory=list)
-    worst: float = 0.0  # largest relative logit error over all prompts
-    n_prompts: int = 0
-    ok: bool = True
+    def __init__(self):
+        self.lines: list[str] = []
+        self.worst = 0.0  # largest relative logit error over all prompts
+        self.n_prompts = 0
+        self.ok = True
 
 
 def _load(path: str) -> dict[str, np.ndarray]:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 from .arch import get_arch
 from .arch.weights import load_weights
@@ -61,22 +60,21 @@ class ModelFile:
         return Model(self, ops, weights, n_ctx or self.config.n_ctx_train)
 
 
-@dataclass
-class TokenEvent:
+class TokenEvent(NamedTuple):
     id: int
     text: str  # safe to print: whole characters, stop-string prefixes held back
 
 
-@dataclass
 class Generation:
     """Iterate for TokenEvents; after that, the summary fields are filled in."""
 
-    _events: Iterator[TokenEvent]
-    prompt_tokens: int
-    tokens: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None  # "eos", "stop" or "length"
-    timings: dict[str, float] = field(default_factory=dict)  # the *_ms phases
+    def __init__(self, prompt_tokens: int, timings: dict[str, float]):
+        self.prompt_tokens = prompt_tokens
+        self.tokens: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None  # "eos", "stop" or "length"
+        self.timings = timings  # the *_ms phases
+        self._events: Iterator[TokenEvent] = iter(())
 
     def __iter__(self) -> Iterator[TokenEvent]:
         return self._events
@@ -87,8 +85,7 @@ class Generation:
         return len(self.tokens) / seconds if seconds > 0 else 0.0
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
     index: int
     text: str
     tokens: list[int]
@@ -96,8 +93,7 @@ class Candidate:
     probability: float  # softmax of the scores over the candidate set
 
 
-@dataclass(frozen=True)
-class System1Result:
+class System1Result(NamedTuple):
     candidates: list[Candidate]
     best: int
     entropy: float  # of the candidate distribution, nats
@@ -170,7 +166,7 @@ class Model:
         sampler = self.ops.new_sampler(sampling or SamplingParams())
         eog = frozenset() if ignore_eos else self.tokenizer.eog_ids
         timings = self.file.timings.fork()
-        gen = Generation(iter(()), prompt_tokens=len(ids), timings=timings.phases)
+        gen = Generation(len(ids), timings.phases)
         gen._events = self._generate(gen, timings, ids, max_tokens, sampler, tuple(stop), eog)
         return gen
 

@@ -10,9 +10,8 @@ dk / dv key / value head widths, V vocabulary.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol, Sequence
 
 Tensor = Any  # a backend's activation: numpy array on the CPU, device buffer on CUDA
 Weight = Any  # a backend's prepared weight (see Ops.load_weight)
@@ -23,16 +22,14 @@ class RopeMode(Enum):
     NEOX = "neox"  # rotate (i, i + n_rot/2): qwen3, qwen3moe
 
 
-@dataclass(frozen=True)
-class Rope:
+class Rope(NamedTuple):
     mode: RopeMode
     n_rot: int  # leading dims of each head that rotate
     base: float
     freq_scale: float = 1.0  # linear scaling: positions are multiplied by it
 
 
-@dataclass(frozen=True)
-class Batch:
+class Batch(NamedTuple):
     """Tokens evaluated together, and where they land in the cache.
 
     Token i is written to cache slot `start + i` and attends to the slots before it whose

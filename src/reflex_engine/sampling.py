@@ -3,13 +3,12 @@
 temperature -> draw). No numpy here: the CLI builds these before any backend exists."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import ReflexError
 
 
-@dataclass(frozen=True)
-class SamplingParams:
+class _Fields(NamedTuple):
     temperature: float = 0.8
     top_k: int = 40  # 0 = off
     top_p: float = 0.95  # 1 = off
@@ -19,7 +18,14 @@ class SamplingParams:
     repeat_last_n: int = 64  # how many recent tokens the penalties look at
     seed: int | None = None  # None: fresh entropy
 
-    def __post_init__(self):
+
+class SamplingParams(_Fields):
+    """The fields above, checked when built."""
+
+    __slots__ = ()
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls, *args, **kwargs)
         checks = [
             (self.temperature >= 0, "temperature must be >= 0"),
             (self.top_k >= 0, "top-k must be >= 0"),
@@ -31,3 +37,4 @@ class SamplingParams:
         for ok, message in checks:
             if not ok:
                 raise ReflexError(message)
+        return self

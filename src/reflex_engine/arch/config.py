@@ -1,16 +1,14 @@
 """Hyperparameters read once from GGUF metadata, by meaning; arch code reads only these."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from ..errors import ReflexError
 from ..gguf import LazyArray
 from ..ops import Rope, RopeMode
 
 
-@dataclass(frozen=True)
-class ArchConfig:
+class ArchConfig(NamedTuple):
     arch: str
     n_layers: int
     n_embd: int

@@ -6,16 +6,15 @@ by the same names: `w.token_embd`, `w.blk[i].attn_q`, so a KeyError names the fi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import NamedTuple
 
 from ..errors import ReflexError
 from ..gguf import GGUFFile
 from .config import ArchConfig
 
 
-@dataclass(frozen=True)
-class TensorDecl:
+class TensorDecl(NamedTuple):
     name: str  # without the ".weight" suffix; "blk.{i}." is implied for layer tensors
     shape: tuple[str, ...]
     optional: bool = False

@@ -11,8 +11,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from .. import sidecar
 from ..errors import GGUFError
@@ -39,8 +38,7 @@ _MAX_ARRAY = 1 << 30
 _VALUE_TYPES = frozenset(int(t) for t in ValueType)
 
 
-@dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     """One tensor-directory entry. `shape` is in ggml order: innermost extent first."""
 
     name: str

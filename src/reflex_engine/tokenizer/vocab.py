@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from array import array
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..errors import ReflexError
 from ..gguf.constants import ValueType
@@ -28,8 +28,7 @@ _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endofte
 _EOG_TEXTS = frozenset(_EOT_TEXTS + ("<|eom_id|>", "<|return|>", "<|call|>", "<eos>", "</s>"))
 
 
-@dataclass
-class Vocab:
+class Vocab(NamedTuple):
     kind: str  # "bpe" | "spm"
     pre: str | None  # tokenizer.ggml.pre as written (None when absent)
     tokens: Strings  # text per id, and text -> id
@@ -47,11 +46,11 @@ class Vocab:
     add_eos: bool
     add_space_prefix: bool
     ignore_merges: bool
-    eog_ids: list[int] = field(default_factory=list)
+    eog_ids: list[int] = []  # filled by _mark_end_of_generation; never mutated
 
     def to_tables(self) -> dict:
         """marshal-friendly form: the big tables as bytes."""
-        tables = dict(self.__dict__)
+        tables = self._asdict()
         tables["tokens"], tables["merges"] = self.tokens.to_tuple(), self.merges.to_tuple()
         tables["scores"] = self.scores.tobytes()
         return tables
@@ -143,8 +142,7 @@ def load_vocab(gguf_file) -> Vocab:
         add_space_prefix=_flag(meta, "tokenizer.ggml.add_space_prefix", kind == "spm"),
         ignore_merges=llama3,
     )
-    _mark_end_of_generation(vocab)
-    return vocab
+    return _mark_end_of_generation(vocab)
 
 
 def _flag(meta: dict, key: str, default: bool) -> bool:
@@ -171,7 +169,7 @@ def _check_merges(merges: list[bytes]) -> None:
             raise ReflexError(f"tokenizer: tokenizer.ggml.merges[{i}] = {text!r} is not 'left right'")
 
 
-def _mark_end_of_generation(v: Vocab) -> None:
+def _mark_end_of_generation(v: Vocab) -> Vocab:
     """eot by text when the file names none, the EOG set, and CONTROL for tokens found by text.
 
     Unlike llama.cpp, only tokens that are not NORMAL are found by text: Qwen's vocabulary
@@ -179,10 +177,9 @@ def _mark_end_of_generation(v: Vocab) -> None:
     token that stops generation and is matched as special in prompts; HF does neither.
     """
     found = sorted(i for i in map(v.tokens.get, _EOG_TEXTS) if i is not None and v.types[i] != NORMAL)
-    if v.eot_id is None:
-        v.eot_id = next((i for i in found if v.tokens[i] in _EOT_TEXTS), None)
+    eot_id = v.eot_id if v.eot_id is not None else next((i for i in found if v.tokens[i] in _EOT_TEXTS), None)
     types = bytearray(v.types)
     for i in found:
         types[i] = CONTROL  # llama.cpp: "control-looking token ... will be overridden"
-    v.types = bytes(types)
-    v.eog_ids = sorted({*found, *(i for i in (v.eos_id, v.eot_id, v.eom_id) if i is not None)})
+    eog_ids = sorted({*found, *(i for i in (v.eos_id, eot_id, v.eom_id) if i is not None)})
+    return v._replace(eot_id=eot_id, types=bytes(types), eog_ids=eog_ids)

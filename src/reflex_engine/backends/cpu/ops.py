@@ -1,8 +1,7 @@
 """Ops on numpy float32 arrays. Weights are dequantized once, at load, by the quants module."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -11,8 +10,7 @@ from ...quants import dequantize
 from .sampler import Sampler, log_softmax
 
 
-@dataclass
-class KVCache:
+class KVCache(NamedTuple):
     k: list[np.ndarray]  # per layer (capacity, Hkv*dk)
     v: list[np.ndarray]  # per layer (capacity, Hkv*dv)
     segments: np.ndarray  # (capacity,) segment of each written slot
