@@ -302,11 +302,12 @@ class GGUFFile:
     def _alignment(self) -> int:
         if "general.alignment" not in self.metadata:
             return DEFAULT_ALIGNMENT
-        value = self.metadata["general.alignment"]
-        if self.value_types["general.alignment"] != ValueType.UINT32:
-            raise GGUFError(f"{self.path}: general.alignment must be a uint32, found {self.value_types['general.alignment'].name}")
+        value, vtype = self.metadata["general.alignment"], self.value_types["general.alignment"]
+        offset = self.spans["general.alignment"][0]
+        if vtype != ValueType.UINT32:
+            raise self._fail("general.alignment", offset, f"must be a uint32, found {vtype.name}")
         if value == 0 or value & (value - 1):
-            raise GGUFError(f"{self.path}: general.alignment must be a non-zero power of two, found {value}")
+            raise self._fail("general.alignment", offset, f"must be a non-zero power of two, found {value}")
         return value
 
     def _parse_tensor_info(self, i: int, offset: int) -> tuple[TensorInfo, int]:
