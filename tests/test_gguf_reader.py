@@ -151,6 +151,7 @@ def test_malformed_file_raises_gguf_error(case):
         GGUFFile(path, use_sidecar=False)
     message = str(err.value)
     assert "\n" not in message and path in message
+    assert " at byte " in message  # every message names the field and where it is
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -131,7 +131,7 @@ class GGUFFile:
             with open(self.path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 if size == 0:
-                    raise GGUFError(f"{self.path}: file is empty, not a GGUF file")
+                    raise GGUFError(f"{self.path}: magic at byte 0: the file is empty, not a GGUF file")
                 self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as e:
             raise GGUFError(f"{self.path}: cannot open: {e.strerror or e}") from None
