@@ -1,18 +1,20 @@
 """The prepared sidecar: build-time work that `reflex prepare MODEL` stores beside the model.
 
 One file, `<model>.reflex`, holds named sections (the reader's layout index, the tokenizer's
-tables). Each section carries the fingerprint of the GGUF bytes it was derived
-from; a consumer recomputes that fingerprint from the file it has open and ignores the
-section on any mismatch, so a stale or corrupt sidecar costs time, never correctness.
+tables). Each section carries the fingerprint of the GGUF bytes it was derived from; a
+consumer recomputes that fingerprint from the file it has open and ignores the section on any
+mismatch, and the sidecar checks each section's own crc32, so a stale or corrupt sidecar costs
+time, never correctness.
 marshal is used because it is built in and loads 150k-entry tables in a few ms.
 """
 from __future__ import annotations
 
 import marshal
+import mmap
 import os
 import zlib
 
-FORMAT = 1
+FORMAT = 2
 
 
 def sidecar_path(gguf_path: str) -> str:
@@ -25,21 +27,28 @@ def fingerprint(data) -> tuple[int, int]:
 
 
 def read_section(gguf_path: str, name: str):
-    """One section of the sidecar, or None if the file or section is missing or unreadable.
+    """One section of the sidecar, or None if the file or section is missing, damaged or unreadable.
 
-    Sections are stored one marshal object after another behind a small header, so reading
-    a small early section (the reader's layout) never loads the big ones behind it.
+    A small header lists each section's (name, length, crc32); the sections' marshal bytes
+    follow in that order. Reading one section seeks past the others and checks its crc, so a
+    truncated or bit-flipped sidecar is ignored rather than trusted.
     """
     try:
         with open(sidecar_path(gguf_path), "rb") as f:
             header = marshal.load(f)
             if not isinstance(header, dict) or header.get("format") != FORMAT:
                 return None
-            for stored in header.get("order", ()):
-                section = marshal.load(f)
+            offset = f.tell()
+            for stored, length, crc in header["sections"]:
                 if stored == name:
-                    return section
-    except (OSError, EOFError, ValueError, TypeError):
+                    # mapped, not read: one copy fewer of a multi-MB section
+                    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped, \
+                            memoryview(mapped)[offset : offset + length] as payload:
+                        if fingerprint(payload) != (length, crc):
+                            return None
+                        return marshal.loads(payload)
+                offset += length
+    except (OSError, EOFError, ValueError, TypeError, KeyError):
         return None
     return None
 
@@ -48,11 +57,13 @@ def write_sections(gguf_path: str, sections: dict) -> str:
     """Write atomically (temp file + rename), so a crash never leaves half a sidecar."""
     path = sidecar_path(gguf_path)
     tmp = f"{path}.tmp{os.getpid()}"
+    payloads = {name: marshal.dumps(section) for name, section in sections.items()}
+    header = {"format": FORMAT, "sections": [(name, *fingerprint(p)) for name, p in payloads.items()]}
     try:
         with open(tmp, "wb") as f:
-            marshal.dump({"format": FORMAT, "order": list(sections)}, f)
-            for section in sections.values():
-                marshal.dump(section, f)
+            marshal.dump(header, f)
+            for payload in payloads.values():
+                f.write(payload)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
