@@ -166,7 +166,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="reflex", description="GGUF-native LLM inference, built for the cold start.")
+    parser.add_argument("--version", action="version", version=f"reflex {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("info", help="architecture, size, quant mix and tokenizer of a GGUF file")
