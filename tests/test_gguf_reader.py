@@ -173,3 +173,38 @@ def test_reader_imports_no_numpy():
     code = "import sys, reflex_engine.gguf, reflex_engine.cli; print('numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_random_damage_is_always_a_clean_error_or_a_valid_read(tmp_path):
+    """Seeded mutation fuzzing: flipped bytes, overwritten lengths and truncations of a valid
+    file either still parse (then every tensor lies inside the file) or raise GGUFError."""
+    import random
+
+    base = make_fixtures.raw_gguf(make_fixtures.base_spec())
+    rng = random.Random(1234)
+    path = str(tmp_path / "fuzz.gguf")
+    outcomes = {"ok": 0, "error": 0}
+    for _ in range(3000):
+        data = bytearray(base)
+        kind = rng.randrange(3)
+        if kind == 0:
+            for _ in range(rng.randint(1, 4)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        elif kind == 1:
+            at = rng.randrange(len(data) - 8)
+            data[at : at + 8] = struct.pack("<Q", rng.choice([0, 1, 2**31, 2**40, 2**63, 2**64 - 1, rng.randrange(2**16)]))
+        else:
+            data = data[: rng.randrange(len(data))]
+        with open(path, "wb") as fh:
+            fh.write(data)
+        try:
+            with GGUFFile(path, use_sidecar=False) as f:
+                for info in f.tensors.values():
+                    assert 0 <= info.offset and info.offset + info.nbytes <= len(data)
+                for value in f.metadata.values():
+                    if isinstance(value, LazyArray):
+                        value.tolist()
+            outcomes["ok"] += 1
+        except GGUFError:
+            outcomes["error"] += 1
+    assert outcomes["ok"] > 100 and outcomes["error"] > 1000, outcomes

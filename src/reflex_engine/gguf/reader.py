@@ -286,7 +286,7 @@ class GGUFFile:
         try:
             for _ in range(count):
                 offset += 8 + unpack(buf, offset)[0]
-        except struct.error:
+        except (struct.error, OverflowError):  # a length field past the end, or an absurd length
             offset = self.size + 1
         if offset > self.size:
             self._locate_bad_string(key, start, count)
