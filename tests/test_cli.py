@@ -127,3 +127,20 @@ def test_bad_sampling_parameter():
 
 def test_missing_prompt():
     assert_one_line_error(run_cli("generate", GOLDEN_QWEN3), "MODEL and PROMPT")
+
+
+def test_prepare_that_cannot_write_its_sidecar(tmp_path):
+    model = tmp_path / "m.gguf"
+    shutil.copy(GOLDEN_QWEN3, model)
+    (tmp_path / "m.gguf.reflex").mkdir()  # the sidecar's name is taken by a folder (fails even as root)
+    assert_one_line_error(run_cli("prepare", str(model)), "cannot write")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "m.gguf.reflex"]  # no temp file left
+
+
+def test_check_with_an_incomplete_reference(tmp_path):
+    bad = str(tmp_path / "bad.npz")
+    np.savez(bad, prompt_0=np.array([1, 2], np.int32), greedy_prompt_0=np.array([1], np.int32))
+    assert_one_line_error(run_cli("check", GOLDEN_QWEN3, "--reference", bad), "prompt_0 has no logits_0")
+    np.savez(bad, greedy_prompt_0=np.array([1], np.int32))
+    assert_one_line_error(run_cli("check", GOLDEN_QWEN3, "--reference", bad), "holds no prompt_")
+    assert_one_line_error(run_cli("check", GOLDEN_QWEN3, "--reference", str(tmp_path / "absent.npz")), "cannot read reference")

@@ -55,6 +55,8 @@ def check_against_reference(model, path: str, tolerance: float) -> Report:
         report.ok &= rel <= tolerance
     for key in sorted(k for k in ref if k.startswith("greedy_prompt_")):
         j = key.removeprefix("greedy_prompt_")
+        if f"greedy_{j}" not in ref:
+            raise ReflexError(f"{path}: {key} has no greedy_{j}")
         expected = ref[f"greedy_{j}"].astype(np.int64).tolist()
         gen = model.generate(ref[key].astype(np.int64).tolist(), max_tokens=len(expected),
                              sampling=SamplingParams(temperature=0), ignore_eos=True)

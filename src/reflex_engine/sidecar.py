@@ -14,6 +14,8 @@ import mmap
 import os
 import zlib
 
+from .errors import ReflexError
+
 FORMAT = 2
 
 
@@ -67,6 +69,8 @@ def write_sections(gguf_path: str, sections: dict) -> str:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        raise ReflexError(f"cannot write {path}: {e.strerror or e}") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
