@@ -125,6 +125,11 @@ def test_bad_sampling_parameter():
     assert_one_line_error(run_cli("generate", GOLDEN_QWEN3, "hi", "--top-p", "0"), "top-p")
 
 
+def test_negative_seed_means_random_and_context_size_must_be_positive():
+    assert run_cli("generate", GOLDEN_QWEN3, "hi", "--seed", "-1", "-n", "2").returncode == 0
+    assert_one_line_error(run_cli("generate", GOLDEN_QWEN3, "hi", "-c", "0"), "context size must be at least 1")
+
+
 def test_missing_prompt():
     assert_one_line_error(run_cli("generate", GOLDEN_QWEN3), "MODEL and PROMPT")
 

@@ -46,7 +46,8 @@ def test_repeat_and_presence_penalties_follow_llama_cpp():
     assert s(logits, []) == 0
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(min_p=2), dict(top_k=-1), dict(repeat_penalty=0)])
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(min_p=2), dict(top_k=-1),
+                                 dict(repeat_penalty=0), dict(seed=-1)])
 def test_bad_parameters_are_rejected(bad):
     with pytest.raises(ReflexError):
         SamplingParams(**bad)

@@ -109,7 +109,7 @@ def cmd_generate(args) -> int:
 
     sampling = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                               repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
-                              repeat_last_n=args.repeat_last_n, seed=args.seed)
+                              repeat_last_n=args.repeat_last_n, seed=None if args.seed < 0 else args.seed)
     _, model, ids = _open_and_encode(args)
     gen = model.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop, ignore_eos=args.ignore_eos)
     for event in gen:
@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off")
     p.add_argument("--presence-penalty", type=float, default=0.0)
     p.add_argument("--repeat-last-n", type=int, default=64)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=-1, help="-1 = random")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
     p.set_defaults(run=cmd_generate)

@@ -53,6 +53,8 @@ class ModelFile:
     def load(self, device: str = "auto", n_ctx: int | None = None) -> Model:
         from .backends import create_backend
 
+        if n_ctx is not None and n_ctx < 1:
+            raise ReflexError(f"the context size must be at least 1 token, not {n_ctx}")
         with self.timings.phase("backend_init"):
             ops = create_backend(device)
         with self.timings.phase("model_load"):

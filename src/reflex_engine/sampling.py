@@ -33,6 +33,7 @@ class SamplingParams(_Fields):
             (0 <= self.min_p <= 1, "min-p must be in [0, 1]"),
             (self.repeat_penalty > 0, "repeat penalty must be > 0"),
             (self.repeat_last_n >= 0, "repeat-last-n must be >= 0"),
+            (self.seed is None or self.seed >= 0, "seed must be >= 0 (None: random)"),
         ]
         for ok, message in checks:
             if not ok:
