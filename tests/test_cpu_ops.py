@@ -19,13 +19,13 @@ def test_rms_norm_whole_row_and_per_head():
     np.testing.assert_allclose(ops.rms_norm(x, wh, 1e-6), per_head, rtol=1e-6)
 
 
-def _rope_reference(x, positions, head_dim, n_rot, base, neox):
+def _rope_reference(x, positions, head_dim, n_rot, base, neox, factors=None):
     """Rotation written as complex multiplication, one head and pair at a time."""
     out = x.astype(np.float64).copy()
     for t, pos in enumerate(positions):
         for h in range(x.shape[1] // head_dim):
             for i in range(n_rot // 2):
-                theta = pos * base ** (-2 * i / n_rot)
+                theta = pos * base ** (-2 * i / n_rot) / (1 if factors is None else factors[i])
                 a, b = (h * head_dim + i, h * head_dim + i + n_rot // 2) if neox else (h * head_dim + 2 * i, h * head_dim + 2 * i + 1)
                 z = complex(x[t, a], x[t, b]) * complex(np.cos(theta), np.sin(theta))
                 out[t, a], out[t, b] = z.real, z.imag
@@ -41,6 +41,15 @@ def test_rope_matches_complex_rotation(mode, n_rot):
     np.testing.assert_allclose(got, _rope_reference(x, positions, 8, n_rot, 10000.0, mode is RopeMode.NEOX), atol=2e-6)
     if n_rot < 8:  # dims past n_rot pass through
         np.testing.assert_array_equal(got.reshape(5, 2, 8)[..., n_rot:], x.reshape(5, 2, 8)[..., n_rot:])
+
+
+def test_rope_frequency_factors_divide_each_pairs_angle():
+    x = rng.standard_normal((4, 16), dtype=np.float32)
+    positions = [0, 5, 300, 4000]
+    factors = np.array([1.0, 1.5, 4.0, 8.0], np.float32)
+    got = ops.rope(x, positions, 8, Rope(RopeMode.NORM, 8, 500000.0), freq_factors=factors)
+    np.testing.assert_allclose(got, _rope_reference(x, positions, 8, 8, 500000.0, False, factors), atol=2e-5)
+    assert not np.allclose(got, ops.rope(x, positions, 8, Rope(RopeMode.NORM, 8, 500000.0)), atol=1e-3)
 
 
 def _attention_reference(q, k, v, segments, n_heads, n_kv):

@@ -71,8 +71,10 @@ class Ops(Protocol):
     def swiglu(self, gate: Tensor, up: Tensor) -> Tensor:
         """silu(gate) * up, both (T, F)."""
 
-    def rope(self, x: Tensor, positions: Sequence[int], head_dim: int, rope: Rope) -> Tensor:
-        """Rotate the first rope.n_rot dims of every head of x (T, n*head_dim)."""
+    def rope(self, x: Tensor, positions: Sequence[int], head_dim: int, rope: Rope,
+             freq_factors: Weight | None = None) -> Tensor:
+        """Rotate the first rope.n_rot dims of every head of x (T, n*head_dim); pair i's angle
+        is divided by freq_factors[i] (n_rot/2,) when given (Llama 3.1's `rope_freqs`)."""
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: Any, layer: int, batch: Batch,
                   n_heads: int, n_kv_heads: int, scale: float) -> Tensor:

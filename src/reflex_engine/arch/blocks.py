@@ -14,6 +14,7 @@ MODEL_TENSORS = [
     TensorDecl("token_embd", ("n_embd", "n_vocab")),
     TensorDecl("output_norm", ("n_embd",)),
     TensorDecl("output", ("n_embd", "n_vocab"), optional=True),  # absent: tied to token_embd
+    TensorDecl("rope_freqs", ("rope_pairs",), optional=True),  # Llama 3.1 long-context factors
 ]
 ATTENTION_TENSORS = [
     TensorDecl("attn_norm", ("n_embd",)),
@@ -34,15 +35,15 @@ FFN_TENSORS = [
 ]
 
 
-def attention(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x):
+def attention(ops, w, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x):
     q = ops.matmul(x, lw.attn_q)  # (T, H*dk)
     k = ops.matmul(x, lw.attn_k)  # (T, Hkv*dk)
     v = ops.matmul(x, lw.attn_v)  # (T, Hkv*dv)
     if cfg.qk_norm:
         q = ops.rms_norm(q, lw.attn_q_norm, cfg.rms_eps)
         k = ops.rms_norm(k, lw.attn_k_norm, cfg.rms_eps)
-    q = ops.rope(q, batch.positions, cfg.head_dim, cfg.rope)
-    k = ops.rope(k, batch.positions, cfg.head_dim, cfg.rope)
+    q = ops.rope(q, batch.positions, cfg.head_dim, cfg.rope, freq_factors=w.rope_freqs)
+    k = ops.rope(k, batch.positions, cfg.head_dim, cfg.rope, freq_factors=w.rope_freqs)
     o = ops.attention(q, k, v, cache=cache, layer=layer, batch=batch,
                       n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, scale=cfg.attn_scale)  # (T, H*dv)
     return ops.matmul(o, lw.attn_output)
@@ -56,7 +57,7 @@ def decoder_forward(ops, w, cfg: ArchConfig, cache, batch: Batch, out_rows: Sequ
     """Logits (len(out_rows), V) for the batch positions in out_rows."""
     x = ops.embed(w.token_embd, batch.tokens)  # (T, E)
     for i, lw in enumerate(w.blk):
-        h = ops.add(x, attention(ops, lw, cfg, cache, i, batch, ops.rms_norm(x, lw.attn_norm, cfg.rms_eps)))
+        h = ops.add(x, attention(ops, w, lw, cfg, cache, i, batch, ops.rms_norm(x, lw.attn_norm, cfg.rms_eps)))
         x = ops.add(h, swiglu_ffn(ops, lw, ops.rms_norm(h, lw.ffn_norm, cfg.rms_eps)))
     x = ops.take_rows(x, out_rows)
     lm_head = w.output if w.output is not None else w.token_embd  # tied embeddings

@@ -27,6 +27,10 @@ class ArchConfig(NamedTuple):
     def attn_scale(self) -> float:
         return self.head_dim**-0.5
 
+    @property
+    def rope_pairs(self) -> int:
+        return self.rope.n_rot // 2
+
 
 class Meta:
     """Typed access to `<arch>.*` keys with errors that name the key."""

@@ -47,10 +47,13 @@ class CpuOps:
         with np.errstate(over="ignore"):  # exp(-gate) -> inf gives silu -> -0, as it should
             return gate / (np.float32(1) + np.exp(-gate)) * up
 
-    def rope(self, x: np.ndarray, positions: Sequence[int], head_dim: int, rope: Rope) -> np.ndarray:
+    def rope(self, x: np.ndarray, positions: Sequence[int], head_dim: int, rope: Rope,
+             freq_factors: np.ndarray | None = None) -> np.ndarray:
         heads = x.reshape(x.shape[0], -1, head_dim).copy()
         half = rope.n_rot // 2
         inv_freq = rope.base ** (-np.arange(half, dtype=np.float64) * 2.0 / rope.n_rot)
+        if freq_factors is not None:
+            inv_freq = inv_freq / freq_factors
         angle = np.asarray(positions, dtype=np.float64)[:, None] * rope.freq_scale * inv_freq  # (T, n_rot/2)
         cos = np.cos(angle).astype(np.float32)[:, None, :]
         sin = np.sin(angle).astype(np.float32)[:, None, :]
