@@ -16,8 +16,11 @@ from reflex_engine.gguf import GGUFFile
 from reflex_engine.tokenizer import Tokenizer
 
 GOLDENS = os.path.join(os.path.dirname(__file__), "goldens")
-ARCHS = ["llama", "qwen3"]
+ARCHS = ["llama", "qwen3", "llama3"]
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]
+# llama3: Llama 3.1 RoPE scaling (a rope_freqs tensor), original context 64, prompts to 300
+# tokens; only F32 and Q8_0, referenced against transformers on the checkpoint itself.
+VARIANTS = [(arch, t) for arch in ARCHS[:2] for t in TYPES] + [("llama3", "F32"), ("llama3", "Q8_0")]
 TOLERANCE = 1e-4
 
 
@@ -25,15 +28,23 @@ def paths(arch, qtype):
     return os.path.join(GOLDENS, arch, f"{arch}-{qtype}.gguf"), os.path.join(GOLDENS, arch, f"goldens-{qtype}.npz")
 
 
-@pytest.mark.parametrize("qtype", TYPES)
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch,qtype", VARIANTS)
 def test_logits_and_greedy_match_transformers(arch, qtype):
     model_path, golden_path = paths(arch, qtype)
     model = reflex_engine.load(model_path, device="cpu")
     report = check_against_reference(model, golden_path, tolerance=TOLERANCE)
     assert report.ok, "\n".join(report.lines)
-    assert report.n_prompts == 5
+    assert report.n_prompts == (6 if arch == "llama3" else 5)
     assert sum("greedy" in line and "identical" in line for line in report.lines) == 2
+
+
+def test_llama3_file_carries_rope_freqs_and_they_matter():
+    model = reflex_engine.load(paths("llama3", "F32")[0], device="cpu")
+    assert model.weights.rope_freqs is not None
+    with np.load(paths("llama3", "F32")[1]) as z:
+        ids, expected = z["prompt_5"].tolist(), z["logits_5"]
+    model.weights.rope_freqs = None  # as if the tensor were ignored
+    assert np.abs(model.logits(ids) - expected).max() > 1e-2
 
 
 @pytest.mark.parametrize("arch", ARCHS)

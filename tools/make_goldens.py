@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Make the golden test fixtures for the CPU forward pass (dev-only; CI never runs this).
 
-For each architecture (llama, qwen3) the tool:
+For each variant (llama, qwen3, and llama3: llama with Llama-3.1 RoPE scaling) the tool:
 
 1. builds a tiny random Hugging Face checkpoint plus a toy byte-level BPE tokenizer;
 2. converts it to GGUF with llama.cpp's own ``convert_hf_to_gguf.py`` (F32, F16, BF16, Q8_0)
    and quantizes every 2-D weight of the F32 file with ggml's reference quantizer
-   (``ggml_quantize_chunk`` from a libggml-base built here) to Q4_0, Q4_1, Q4_K, Q5_K, Q6_K;
-3. runs transformers on each GGUF file (``from_pretrained(..., gguf_file=...)``, which
-   dequantizes through gguf-py) to record the logits of a few fixed prompts and greedy
-   continuations.
+   (``ggml_quantize_chunk`` from a libggml-base built here) to Q4_0, Q4_1, Q4_K, Q5_K, Q6_K
+   (llama3: F32 and Q8_0 only);
+3. runs transformers on each GGUF file's weights to record the logits of a few fixed prompts and
+   greedy continuations: ``from_pretrained(..., gguf_file=...)`` (config and weights from the file,
+   dequantized through gguf-py), or for llama3, whose ``rope_freqs`` that loader ignores, the HF
+   checkpoint with its weights replaced by the file's dequantized ones.
 
 Everything here is ground truth for reflex_engine, so nothing from reflex_engine is imported.
 
@@ -19,7 +21,8 @@ Requirements (torch CPU build, transformers, llama.cpp's converter dependencies)
 
 plus cmake and a C/C++ compiler for libggml-base. Run from the repository root:
 
-    python tools/make_goldens.py
+    python tools/make_goldens.py                # all variants
+    python tools/make_goldens.py --arch llama3  # one variant; the others' files are left alone
 
 Outputs go to tests/goldens/ (see tests/goldens/README.md, which this tool also writes).
 """
@@ -27,6 +30,7 @@ Outputs go to tests/goldens/ (see tests/goldens/README.md, which this tool also 
 from __future__ import annotations
 
 import argparse
+import copy
 import ctypes
 import hashlib
 import json
@@ -129,21 +133,61 @@ TOKENIZER_CHECK_STRINGS = [
 ENGLISH_PROMPT = "The engine reads the file and then it runs the forward pass."
 
 
+# HF config shared by every tiny model; ArchSpec.config adds to or overrides it.
+COMMON_CONFIG = dict(vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                     rms_norm_eps=1e-6, max_position_embeddings=512, rope_theta=10000.0,
+                     # a wider init than the default 0.02 so attention is not uniform and logits are O(1)
+                     initializer_range=0.1,
+                     bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                     attn_implementation="eager")  # as the GGUF references, so the F32 check is exact
+
+# Llama-3.1-style RoPE scaling with a tiny original context, so that at head_dim 64 and theta 5e5 the
+# correction bends several frequencies: pairs 0-2 keep their factor 1 (wavelength < 64/4), 3-5 are
+# smoothed, 6-31 are divided by 8 (wavelength > 64). The converter writes it as rope_freqs.weight.
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+
+
 @dataclass(frozen=True)
 class ArchSpec:
-    """What differs between the two tiny models."""
+    """What differs between the tiny models (one per variant)."""
 
-    name: str  # GGUF architecture string
+    name: str  # variant: output folder, file prefix, checkpoint and general.name
+    arch: str  # GGUF architecture string (llama or qwen3; also picks the transformers model class)
     pre: str  # tokenizer.ggml.pre forced into the converter
     regex: str  # HF pre-tokenizer split regex matching that pre name
     ignore_merges: bool  # llama.cpp's llama-bpe sets ignore_merges; HF must do the same to agree
     bos_token: str | None
     add_bos: bool
+    config: dict  # HF config kwargs on top of COMMON_CONFIG
+    types: tuple[str, ...] = tuple(ALL_TYPES)  # GGUF types to write (F32 always: the others start from it)
+    long_prompts: tuple[int, ...] = ()  # lengths of extra logits prompts, after the usual five
+    long_greedy: tuple[int, ...] = ()  # lengths of extra greedy candidates, tried before the usual ones
+    # Reference for each file: "gguf" = transformers on the GGUF alone (config and weights from the file);
+    # "checkpoint" = the HF checkpoint (its config) with the file's dequantized weights loaded into it.
+    reference: str = "gguf"
 
 
+LLAMA_TOKENIZER = dict(pre="llama-bpe", regex=LLAMA3_REGEX, ignore_merges=True, bos_token="<|begin_of_text|>",
+                       add_bos=True)
 ARCHS = {
-    "llama": ArchSpec("llama", "llama-bpe", LLAMA3_REGEX, True, "<|begin_of_text|>", True),
-    "qwen3": ArchSpec("qwen3", "qwen2", QWEN2_REGEX, False, None, False),
+    "llama": ArchSpec("llama", "llama", **LLAMA_TOKENIZER,
+                      config=dict(num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                  tie_word_embeddings=True)),
+    # head_dim 128: transformers' GGUF loader ignores qwen3.attention.key_length and assumes 128
+    "qwen3": ArchSpec("qwen3", "qwen3", "qwen2", QWEN2_REGEX, False, None, False,
+                      config=dict(num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+                                  tie_word_embeddings=False)),
+    # Smaller (hidden 128, FFN 128, 2 heads / 1 KV head of 64) to keep the files small; long prompts
+    # put positions well past the original context of 64, where the scaling matters most.
+    # transformers' GGUF loader maps rope.freq_base only and drops rope_freqs, so the reference is
+    # the checkpoint itself (see check_llama3_rope).
+    "llama3": ArchSpec("llama3", "llama", **LLAMA_TOKENIZER,
+                       config=dict(hidden_size=128, intermediate_size=128, num_attention_heads=2,
+                                   num_key_value_heads=1, head_dim=64, tie_word_embeddings=True,
+                                   rope_theta=500000.0, rope_parameters=dict(LLAMA3_ROPE)),
+                       types=("F32", "Q8_0"), long_prompts=(160,), long_greedy=(300, 280, 260, 240),
+                       reference="checkpoint"),
 }
 
 
@@ -314,7 +358,7 @@ def save_tokenizer(tok, spec: ArchSpec, ckpt: Path) -> None:
         "add_bos_token": spec.add_bos,
         "add_eos_token": False,
         # llama.cpp cleans spaces on decode for llama-bpe but not for qwen2
-        "clean_up_tokenization_spaces": spec.name == "llama",
+        "clean_up_tokenization_spaces": spec.arch == "llama",
     })
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
@@ -324,21 +368,9 @@ def build_model(spec: ArchSpec, ckpt: Path, seed: int):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    common = dict(vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
-                  rms_norm_eps=1e-6, max_position_embeddings=512, rope_theta=10000.0,
-                  # a wider init than the default 0.02 so attention is not uniform and logits are O(1)
-                  initializer_range=0.1,
-                  bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                  attn_implementation="eager")  # as the GGUF references, so the F32 check is exact
-    if spec.name == "llama":
-        cfg = LlamaConfig(num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                          tie_word_embeddings=True, **common)
-        model_cls = LlamaForCausalLM
-    else:
-        # head_dim 128: transformers' GGUF loader ignores qwen3.attention.key_length and assumes 128
-        cfg = Qwen3Config(num_attention_heads=2, num_key_value_heads=1, head_dim=128,
-                          tie_word_embeddings=False, **common)
-        model_cls = Qwen3ForCausalLM
+    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM),
+                             "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[spec.arch]
+    cfg = config_cls(**{**COMMON_CONFIG, **copy.deepcopy(spec.config)})  # the config may edit its dicts
     torch.manual_seed(seed)
     model = model_cls(cfg).float().eval()
     with torch.no_grad():
@@ -436,13 +468,37 @@ def check_readable(path: Path) -> dict:
 # References from transformers
 # --------------------------------------------------------------------------------------------
 
-def load_gguf_model(path: Path):
+def load_gguf_model(path: Path, **config_overrides):
     """transformers on the GGUF alone (config and weights from the file), float32, eager attention."""
     import torch
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
-                                                attn_implementation="eager").eval()
+                                                attn_implementation="eager", **config_overrides).eval()
+
+
+def load_checkpoint_with_gguf_weights(ckpt: Path, path: Path):
+    """The HF checkpoint (its own config) with every weight replaced by the GGUF file's, dequantized by
+    gguf-py and mapped back exactly as transformers' GGUF loader does (names, Q/K row un-permutation).
+    Only tensors without an HF parameter may be left over (rope_freqs: the config computes those)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager").eval()
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    assert not unexpected and set(missing) == tied, (path.name, missing, unexpected)
+    return model
+
+
+def load_reference(spec: ArchSpec, path: Path, ckpt: Path):
+    """The model whose outputs are the goldens for one GGUF file (see ArchSpec.reference)."""
+    if spec.reference == "gguf":
+        return load_gguf_model(path)
+    assert spec.reference == "checkpoint", spec.reference
+    return load_checkpoint_with_gguf_weights(ckpt, path)
 
 
 def prompt_logits(model, prompt: list[int]) -> np.ndarray:
@@ -487,8 +543,62 @@ def select_greedy(model, candidates: list[list[int]]) -> list[tuple[list[int], l
     sys.exit("not enough greedy candidates with a clear top-1 at every step; add candidates")
 
 
-def make_prompts(tokenizer, seed: int) -> tuple[list[list[int]], list[list[int]]]:
-    """Fixed logits prompts (lengths 1..40, one from the real tokenizer) and extra greedy candidates."""
+def check_llama3_rope(spec: ArchSpec, paths: dict[str, Path], models: dict, hf_model,
+                      prompts: list[list[int]]) -> None:
+    """Llama-3.1 RoPE scaling in the GGUF files against the HF checkpoint.
+
+    1. The converter writes it as rope_freqs.weight (n_rot/2 factors; llama.cpp divides theta_i by
+       them) and no rope.scaling keys; the factors must be HF's default inv_freq over its llama3
+       inv_freq, and must bend the spectrum (some 1, some `factor`, some in between).
+    2. transformers' GGUF loader is a second path to each file's weights. It maps rope.freq_base but
+       not rope_freqs, so as loaded it runs unscaled RoPE (reported, on F32); given the checkpoint's
+       rope_parameters it must reproduce each file's reference exactly.
+    """
+    import gguf
+    import torch
+
+    path = paths["F32"]
+    reader = gguf.GGUFReader(path)
+    rope = hf_model.config.rope_parameters
+    head_dim = hf_model.config.head_dim
+    factors = np.asarray(next(t.data for t in reader.tensors if t.name == "rope_freqs.weight"))
+    assert factors.dtype == np.float32 and factors.shape == (head_dim // 2,), (factors.dtype, factors.shape)
+    assert reader.get_field(f"{spec.arch}.rope.freq_base").contents() == rope["rope_theta"]
+    assert reader.get_field(f"{spec.arch}.rope.dimension_count").contents() == head_dim
+    assert not any(".rope.scaling." in name for name in reader.fields), "llama3 scaling should be rope_freqs only"
+    # HF's default inv_freq exactly as modeling_rope_utils computes it, and the llama3 one in the model
+    default = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    expected = (default / hf_model.model.rotary_emb.inv_freq).numpy()
+    rel = float(np.abs(factors / expected - 1).max())
+    assert rel <= 1e-6, f"rope_freqs != HF default/llama3 inv_freq (max rel diff {rel})"
+    factor = rope["factor"]
+    bent = (factors > 1) & (factors < factor)
+    assert (factors == 1).any() and (factors == factor).any() and bent.any(), factors
+    np.set_printoptions(precision=6, suppress=True, linewidth=120)
+    print(f"rope_freqs.weight ({factors.size} factors; max rel diff to HF default/llama3 inv_freq {rel:.2g}): "
+          f"{int((factors == 1).sum())} x 1, {int(bent.sum())} smoothed {factors[bent]}, "
+          f"{int((factors == factor).sum())} x {factor:g}\n{factors}")
+
+    plain = load_gguf_model(path)
+    long = max(prompts, key=len)
+    n_orig = rope["original_max_position_embeddings"]
+    diff = np.abs(prompt_logits(plain, long) - prompt_logits(hf_model, long)).max(-1)
+    print(f"transformers' GGUF loader: rope_parameters {plain.config.rope_parameters}; vs the checkpoint on a "
+          f"{len(long)}-token prompt: max |logit diff| {diff[:n_orig].max():.3g} at positions < {n_orig}, "
+          f"{diff[n_orig:].max():.3g} at positions >= {n_orig}")
+    if plain.config.rope_parameters.get("rope_type") != "llama3":
+        assert diff[n_orig:].max() > 0.01, "unscaled RoPE should give clearly different logits"
+    for t, p in paths.items():
+        fixed = load_gguf_model(p, rope_parameters=copy.deepcopy(rope))
+        max_diff = max(float(np.abs(prompt_logits(fixed, q) - prompt_logits(models[t], q)).max()) for q in prompts)
+        assert max_diff <= 1e-6, f"{p.name}: GGUF loader with the checkpoint's rope_parameters differs by {max_diff}"
+        print(f"{p.name}: transformers' GGUF loader given the checkpoint's rope_parameters vs the reference: "
+              f"max |logit diff| = {max_diff:.3g}")
+
+
+def make_prompts(tokenizer, spec: ArchSpec, seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Logits prompts (lengths 1..40, one from the real tokenizer, then spec.long_prompts) and greedy
+    candidates in order of preference (spec.long_greedy, the logits prompts but the first, random ones)."""
     rng = np.random.default_rng(seed)
     n_tok = len(tokenizer)  # real token ids only; [PAD] rows are random too but never come from text
 
@@ -498,7 +608,10 @@ def make_prompts(tokenizer, seed: int) -> tuple[list[list[int]], list[list[int]]
     english = tokenizer.encode(ENGLISH_PROMPT)  # adds BOS where the tokenizer does (llama-bpe)
     prompts = [rand(1), english, rand(7), rand(16), rand(40)]
     extra_greedy = [rand(n) for n in rng.integers(2, 21, size=N_GREEDY_CANDIDATES)]
-    return prompts, extra_greedy
+    # drawn last, so the variants without them keep the prompts above
+    prompts += [rand(n) for n in spec.long_prompts]
+    long_greedy = [rand(n) for n in spec.long_greedy]
+    return prompts, long_greedy + prompts[1:] + extra_greedy
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -530,16 +643,21 @@ def make_arch(spec: ArchSpec, args, llama_cpp: Path, quantizer: GgmlQuantizer) -
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
 
     # 3. GGUF files
-    paths = {t: out_dir / f"{spec.name}-{t}.gguf" for t in ALL_TYPES}
+    assert "F32" in spec.types and set(spec.types) <= set(ALL_TYPES), spec.types
+    paths = {t: out_dir / f"{spec.name}-{t}.gguf" for t in ALL_TYPES if t in spec.types}
     for type_name, outtype in CONVERTER_TYPES.items():
-        convert(llama_cpp, ckpt, spec, outtype, paths[type_name], args.cache)
+        if type_name in paths:
+            convert(llama_cpp, ckpt, spec, outtype, paths[type_name], args.cache)
     for type_name in GGML_QUANT_TYPES:
-        requantize(paths["F32"], paths[type_name], type_name, quantizer)
+        if type_name in paths:
+            requantize(paths["F32"], paths[type_name], type_name, quantizer)
     readable = {t: check_readable(p) for t, p in paths.items()}
 
     # 4. references
-    prompts, extra_greedy = make_prompts(tokenizer, args.seed)
-    models = {t: load_gguf_model(p) for t, p in paths.items()}
+    prompts, greedy_candidates = make_prompts(tokenizer, spec, args.seed)
+    models = {t: load_reference(spec, p, ckpt) for t, p in paths.items()}
+    if hf_model.config.rope_parameters.get("rope_type") == "llama3":
+        check_llama3_rope(spec, paths, models, hf_model, prompts)
 
     # The F32 GGUF must reproduce the HF checkpoint (conversion is lossless; the llama Q/K row
     # permutation is undone by transformers' loader).
@@ -554,7 +672,7 @@ def make_arch(spec: ArchSpec, args, llama_cpp: Path, quantizer: GgmlQuantizer) -
     # Greedy prompts, chosen per file: the first candidates whose continuation has a clear top-1 at
     # every step in that file. (A random model's top-2 gaps are often tiny; asking one prompt to be
     # robust in all nine files at once rejects almost every candidate for qwen3.)
-    greedy_out = {t: select_greedy(m, prompts[1:] + extra_greedy) for t, m in models.items()}
+    greedy_out = {t: select_greedy(m, greedy_candidates) for t, m in models.items()}
 
     summary = []
     for t, model in models.items():
@@ -601,7 +719,8 @@ def write_readme(out: Path) -> None:
 Generated by `tools/make_goldens.py`; do not edit by hand. Regenerate (needs torch, so not in CI) with:
 
     pip install -e '.[goldens]'
-    python tools/make_goldens.py
+    python tools/make_goldens.py                # all variants
+    python tools/make_goldens.py --arch llama3  # one variant; the others' files are left alone
 
 Per architecture (`llama`: tied output, 4 heads / 2 KV heads, head_dim 64; `qwen3`: separate
 `output.weight`, 2 heads / 1 KV head, head_dim 128, q/k norms), a tiny random model (hidden 256,
@@ -619,6 +738,20 @@ with a toy byte-level BPE tokenizer (tokenizer.ggml.pre `llama-bpe` / `qwen2`):
   are chosen per file, so read them from each npz: the first candidates whose every step has a
   top-1/top-2 gap of at least {MIN_RELATIVE_MARGIN:g} of that step's logit range.
 - `<arch>/tokenizer-check.json`: strings and the ids HF's tokenizer gives for them.
+
+Variant `llama3` (GGUF architecture `llama`, same tokenizer as `llama`): Llama-3.1 RoPE scaling,
+HF `rope_parameters` {json.dumps(LLAMA3_ROPE)} with rope_theta 500000 and
+max_position_embeddings 512. The small original context makes the correction bend the head's
+frequencies: of the 32 pairs (head_dim 64), 0-2 keep factor 1, 3-5 are smoothed, 6-31 get 8.
+llama.cpp's converter writes this as the F32 tensor `rope_freqs.weight` (32 values; llama.cpp divides
+theta_i by rope_freqs[i]) and no `rope.scaling.*` keys; the tool checks the factors equal HF's default
+inv_freq over its llama3 inv_freq. Smaller model: hidden 128, FFN 128, 2 heads / 1 KV head of head_dim
+64, tied output, 2 layers. Only `llama3-F32.gguf` and `llama3-Q8_0.gguf` (converter outputs). Logits
+prompts are the usual five plus a {ARCHS["llama3"].long_prompts[0]}-token one (prompt_5); random greedy candidates
+of {min(ARCHS["llama3"].long_greedy)} to {max(ARCHS["llama3"].long_greedy)} tokens are tried first, so greedy runs far past position 64. Reference:
+transformers' GGUF loader ignores `rope_freqs` (it would run unscaled RoPE), so the reference is the
+HF checkpoint itself with its weights replaced by the file's (gguf-py dequantization, Q/K rows
+un-permuted as that loader does); for F32 these are exactly the checkpoint's weights.
 
 Versions: torch {torch.__version__}, transformers {transformers.__version__}, tokenizers
 {tokenizers.__version__}, gguf (gguf-py) {gguf_version}, numpy {np.__version__}; llama.cpp {LLAMA_CPP_COMMIT}
