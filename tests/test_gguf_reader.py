@@ -10,7 +10,21 @@ from gguf import GGUFReader, GGUFWriter
 
 import make_fixtures
 from reflex_engine import sidecar
-from reflex_engine.gguf import GGMLType, GGUFError, GGUFFile, LazyArray, ValueType, layout_section
+from reflex_engine.gguf import GGMLType, GGUFError, GGUFFile, LazyArray, ValueType, layout_section, native
+
+
+@pytest.fixture(params=["compiled", "python"])
+def walk(request, monkeypatch):
+    """Run a test with the compiled string walk (gguf/_strings.c) and with the Python loop."""
+    if request.param == "python":
+        monkeypatch.setattr(native, "skip_strings", None)
+    return request.param
+
+
+def test_the_compiled_walk_is_built():
+    # pip builds gguf/_strings.c with the package; it is optional only so that installs
+    # without a C compiler still work, and CI must exercise it.
+    assert native.skip_strings is not None
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +159,7 @@ CASES = make_fixtures.malformed_cases()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_malformed_file_raises_gguf_error(case):
+def test_malformed_file_raises_gguf_error(case, walk):
     path = _write_tmp(CASES[case], f"{case}.gguf")
     with pytest.raises(GGUFError) as err:
         GGUFFile(path, use_sidecar=False)
@@ -175,7 +189,7 @@ def test_reader_imports_no_numpy():
     assert out.strip() == "False"
 
 
-def test_random_damage_is_always_a_clean_error_or_a_valid_read(tmp_path):
+def test_random_damage_is_always_a_clean_error_or_a_valid_read(tmp_path, walk):
     """Seeded mutation fuzzing: flipped bytes, overwritten lengths and truncations of a valid
     file either still parse (then every tensor lies inside the file) or raise GGUFError."""
     import random
@@ -208,3 +222,15 @@ def test_random_damage_is_always_a_clean_error_or_a_valid_read(tmp_path):
         except GGUFError:
             outcomes["error"] += 1
     assert outcomes["ok"] > 100 and outcomes["error"] > 1000, outcomes
+
+
+def test_compiled_and_python_walks_agree_on_a_real_vocabulary(monkeypatch):
+    from reference_files import vocab_path
+
+    path = str(vocab_path("qwen2"))
+    with GGUFFile(path, use_sidecar=False) as f:
+        compiled = {k: (v.start, v.end) for k, v in f.metadata.items() if isinstance(v, LazyArray)}
+    monkeypatch.setattr(native, "skip_strings", None)
+    with GGUFFile(path, use_sidecar=False) as f:
+        assert {k: (v.start, v.end) for k, v in f.metadata.items() if isinstance(v, LazyArray)} == compiled
+        assert len(f.metadata["tokenizer.ggml.merges"]) == 151387

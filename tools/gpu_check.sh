@@ -10,6 +10,7 @@ if [ -d .whl ]; then
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || echo "C helper not built (see build.log)"
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 --version; nproc
   python3 -c 'import numpy; print("numpy", numpy.__version__)'; } 2>&1 | tee "$OUT/env.txt"

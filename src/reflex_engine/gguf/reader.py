@@ -15,6 +15,7 @@ from typing import Any, Iterator, NamedTuple
 
 from .. import sidecar
 from ..errors import GGUFError
+from . import native
 from .constants import (
     DEFAULT_ALIGNMENT,
     GGML_BLOCK,
@@ -127,24 +128,30 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike, use_sidecar: bool = True):
         self.path = os.fspath(path)
         self._layout = (sidecar.read_section(self.path, "layout") if use_sidecar else None) or {}
-        try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size == 0:
-                    raise GGUFError(f"{self.path}: magic at byte 0: the file is empty, not a GGUF file")
-                self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except OSError as e:
-            raise GGUFError(f"{self.path}: cannot open: {e.strerror or e}") from None
-        self.size = size
         self.metadata: dict[str, Any] = {}
         self.value_types: dict[str, ValueType] = {}
         self.spans: dict[str, tuple[int, int]] = {}  # key -> (start, end) of its whole KV entry
         self.tensors: dict[str, TensorInfo] = {}
         try:
-            self._parse()
-        except GGUFError:
-            self.close()
-            raise
+            file = open(self.path, "rb")
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot open: {e.strerror or e}") from None
+        with file:
+            self._fd = file.fileno()  # the compiled string walk reads through it while parsing
+            self.size = os.fstat(self._fd).st_size
+            if self.size == 0:
+                raise GGUFError(f"{self.path}: magic at byte 0: the file is empty, not a GGUF file")
+            try:
+                self._buf = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as e:
+                raise GGUFError(f"{self.path}: cannot map: {e}") from None
+            try:
+                self._parse()
+            except GGUFError:
+                self.close()
+                raise
+            finally:
+                self._fd = None
 
     # -- public ---------------------------------------------------------------------------
 
@@ -277,11 +284,18 @@ class GGUFFile:
             return end if sidecar.fingerprint(region) == (end - start, crc) else None
 
     def _skip_strings(self, key: str, offset: int, count: int) -> int:
-        # The hot loop of opening an unprepared model (tokens + merges, ~300k strings): one
-        # unpack and one add per element. unpack_from bounds-checks each length field; a
-        # length past the end is caught after the loop, and located only on that error path.
+        # The hot loop of opening an unprepared model (tokens + merges, ~300k strings). The
+        # compiled walk (gguf/_strings.c) when the build made it; else one unpack and one add
+        # per element: unpack_from bounds-checks each length field, a length past the end is
+        # caught after the loop, and located only on that error path.
         if count * 8 > self.size - offset:
             raise self._fail(f"array {key!r}", offset, f"{count} strings cannot fit in the file")
+        if native.skip_strings is not None and self._fd is not None:
+            end = native.skip_strings(self._fd, offset, count, self.size)
+            if end >= 0:
+                return end
+            if end != native.READ_ERROR:
+                self._locate_bad_string(key, offset, count)
         start, buf, unpack = offset, self._buf, _U64.unpack_from
         try:
             for _ in range(count):
