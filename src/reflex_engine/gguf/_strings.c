@@ -25,15 +25,15 @@ int64_t reflex_skip_strings(int fd, uint64_t offset, uint64_t count, uint64_t si
             goto done;
         }
         if (offset < start || offset + 8 > end) {
-            uint64_t want = size - offset < WINDOW ? size - offset : WINDOW;
-            uint64_t got = 0;
-            while (got < want) {
+            size_t want = size - offset < WINDOW ? (size_t)(size - offset) : WINDOW;
+            size_t got = 0;
+            while (got < want && want <= WINDOW) {
                 ssize_t n = pread(fd, window + got, want - got, (off_t)(offset + got));
                 if (n < 0 && errno == EINTR)
                     continue;
                 if (n <= 0)
                     goto done;
-                got += (uint64_t)n;
+                got += (size_t)n;
             }
             start = offset;
             end = offset + got;
