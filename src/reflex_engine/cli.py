@@ -85,7 +85,7 @@ def _open_and_encode(args):
         prompt = file.render_chat([{"role": "user", "content": prompt}])
     # A rendered template carries its own BOS text; don't add a second one.
     ids = file.encode(prompt, add_bos=False if args.chat else None)
-    return file, file.load(device=args.device, n_ctx=args.ctx_size), ids
+    return file.load(device=args.device, n_ctx=args.ctx_size), ids
 
 
 def _result_line(tag: str, fields: dict) -> str:
@@ -110,7 +110,7 @@ def cmd_generate(args) -> int:
     sampling = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                               repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
                               repeat_last_n=args.repeat_last_n, seed=None if args.seed < 0 else args.seed)
-    _, model, ids = _open_and_encode(args)
+    model, ids = _open_and_encode(args)
     gen = model.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop, ignore_eos=args.ignore_eos)
     for event in gen:
         if not args.json and event.text:
@@ -127,7 +127,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_system1(args) -> int:
-    _, model, ids = _open_and_encode(args)
+    model, ids = _open_and_encode(args)
     result = model.system1(ids, args.candidate or [])
     candidates = [{"index": c.index, "text": c.text, "score": c.score, "probability": c.probability,
                    "tokens": len(c.tokens)} for c in result.candidates]
@@ -144,7 +144,6 @@ def cmd_system1(args) -> int:
 
 def cmd_check(args) -> int:
     from .check import check_against_reference
-
     from .engine import ModelFile
 
     model = ModelFile(args.model).load(device=args.device)
