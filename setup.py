@@ -1,10 +1,10 @@
-"""Build step beyond pyproject.toml: the reader's small C helper (see gguf/_strings.c).
+"""Build step beyond pyproject.toml: the small C helpers of the host path (_native.c).
 
-It is built as an extension file so that pip compiles it with the package, but it holds no
-Python module: gguf/native.py loads it with ctypes. optional=True: without a C compiler the
-package still installs and the reader uses its Python loop.
+Built as an extension file so that pip compiles it with the package, but it holds no Python
+module: native.py loads it with ctypes. optional=True: without a C compiler the package still
+installs and its callers use their Python loops.
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("reflex_engine.gguf._strings", ["src/reflex_engine/gguf/_strings.c"],
+setup(ext_modules=[Extension("reflex_engine._native", ["src/reflex_engine/_native.c"],
                              extra_compile_args=["-O2"], optional=True)])

@@ -9,20 +9,20 @@ import pytest
 from gguf import GGUFReader, GGUFWriter
 
 import make_fixtures
-from reflex_engine import sidecar
-from reflex_engine.gguf import GGMLType, GGUFError, GGUFFile, LazyArray, ValueType, layout_section, native
+from reflex_engine import native, sidecar
+from reflex_engine.gguf import GGMLType, GGUFError, GGUFFile, LazyArray, ValueType, layout_section
 
 
 @pytest.fixture(params=["compiled", "python"])
 def walk(request, monkeypatch):
-    """Run a test with the compiled string walk (gguf/_strings.c) and with the Python loop."""
+    """Run a test with the compiled string walk (_native.c) and with the Python loop."""
     if request.param == "python":
         monkeypatch.setattr(native, "skip_strings", None)
     return request.param
 
 
 def test_the_compiled_walk_is_built():
-    # pip builds gguf/_strings.c with the package; it is optional only so that installs
+    # pip builds _native.c with the package; it is optional only so that installs
     # without a C compiler still work, and CI must exercise it.
     assert native.skip_strings is not None
 

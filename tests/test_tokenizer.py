@@ -469,3 +469,44 @@ def test_damaged_tables_in_a_fresh_section_are_rejected_or_harmless(tmp_path, mo
     assert len(calls) == 5
     damaged.encode("<|im_start|>hello world<|im_end|>")
     assert damaged.decode([6023]) == "hi"
+
+
+# -- the compiled packer (_native.c) and its Python twin -----------------------------------------
+
+def _pack_both(gguf_file, key, check_pairs, monkeypatch):
+    from reflex_engine import native
+
+    arr = gguf_file.metadata[key]
+    compiled = Strings.from_gguf_array(gguf_file, arr, check_pairs)
+    with monkeypatch.context() as m:
+        m.setattr(native, "pack_strings", None)
+        python = Strings.from_gguf_array(gguf_file, arr, check_pairs)
+    return compiled, python
+
+
+def test_the_compiled_packer_is_built():
+    from reflex_engine import native
+
+    assert native.pack_strings is not None  # CI must exercise it; the Python path is the fallback
+
+
+@pytest.mark.parametrize("name,key,pairs", [("qwen2", "tokenizer.ggml.tokens", False), ("qwen2", "tokenizer.ggml.merges", True),
+                                            ("llama-spm", "tokenizer.ggml.tokens", False)])
+def test_compiled_and_python_packing_give_identical_tables(name, key, pairs, monkeypatch):
+    compiled, python = _pack_both(GGUFFile(vocab_path(name)), key, pairs, monkeypatch)
+    assert compiled.table.to_tuple() == python.table.to_tuple()
+    assert compiled[1:] == python[1:] == (0, None, None)
+
+
+def test_packing_reports_repeats_empties_and_bad_pairs_alike(tmp_path, monkeypatch):
+    entries = ["a b", "a b", "", "ab", " x", "x ", "é é", "c d"] + [f"k{i} v{i}" for i in range(50)]
+    path = str(tmp_path / "odd.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_array("test.strings", entries)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    compiled, python = _pack_both(GGUFFile(path), "test.strings", True, monkeypatch)
+    assert compiled.table.to_tuple() == python.table.to_tuple()
+    assert compiled[1:] == python[1:] == (1, 2, 2)  # one repeat; "" is first empty and first bad pair
+    assert [compiled.table.get(e) for e in ("a b", "", "é é", "k49 v49")] == [0, 2, 6, 57]

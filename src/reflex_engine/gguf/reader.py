@@ -13,9 +13,8 @@ import os
 import struct
 from typing import Any, Iterator, NamedTuple
 
-from .. import sidecar
+from .. import native, sidecar
 from ..errors import GGUFError
-from . import native
 from .constants import (
     DEFAULT_ALIGNMENT,
     GGML_BLOCK,
@@ -285,7 +284,7 @@ class GGUFFile:
 
     def _skip_strings(self, key: str, offset: int, count: int) -> int:
         # The hot loop of opening an unprepared model (tokens + merges, ~300k strings). The
-        # compiled walk (gguf/_strings.c) when the build made it; else one unpack and one add
+        # compiled walk (_native.c) when the build made it; else one unpack and one add
         # per element: unpack_from bounds-checks each length field, a length past the end is
         # caught after the loop, and located only on that error path.
         if count * 8 > self.size - offset:

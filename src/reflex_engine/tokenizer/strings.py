@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from array import array
 from itertools import accumulate
+from typing import NamedTuple
 from zlib import crc32
+
+from .. import native
 
 _UNSEEN = object()
 _SEEN_LIMIT = 1 << 16
@@ -40,7 +43,7 @@ class Strings:
         """The table of UTF-8 `keys` (as a GGUF stores them) and the number of duplicates; only
         a key's first position is indexed."""
         hashes = list(map(crc32, keys))
-        size = 1 << (len(keys) * 3 // 2).bit_length()  # load factor under 2/3
+        size = _slot_count(len(keys))
         mask, slots = size - 1, array("i", [-1]) * size
         longest, duplicates = 1, 0
         # The hot loop of an unprepared load (~0.2 µs a key): most keys take their home slot.
@@ -62,6 +65,24 @@ class Strings:
                     longest = probe
         offsets = array("I", accumulate(map(len, keys), initial=0))
         return cls(b"".join(keys), offsets, slots, longest), duplicates
+
+    @classmethod
+    def from_gguf_array(cls, gguf_file, arr, check_pairs: bool = False) -> Packed:
+        """The table of a GGUF string array, packed by _native.c when the build made it."""
+        if native.pack_strings is None:
+            return _packed_in_python(arr.raw_strings(), check_pairs)
+        region = gguf_file.raw_bytes(arr.start, arr.end)
+        count = len(arr)
+        blob = bytearray(len(region) - 8 * count)
+        offsets = array("I", [0]) * (count + 1)
+        slots = array("i", [-1]) * _slot_count(count)
+        status = array("q", [0]) * 4
+        if native.pack_strings(region, len(region), count, check_pairs, _address(blob), len(blob),
+                               offsets.buffer_info()[0], slots.buffer_info()[0], len(slots), status.buffer_info()[0]):
+            raise ValueError("the string array does not match its bytes")  # the reader checked it
+        probes, repeats, first_empty, first_bad_pair = status
+        table = cls(bytes(blob), offsets, slots, probes)
+        return Packed(table, repeats, _none_if_negative(first_empty), _none_if_negative(first_bad_pair))
 
     def to_tuple(self) -> tuple:
         """marshal-friendly form (native byte order: the sidecar is machine-local)."""
@@ -111,3 +132,37 @@ class Strings:
         if i is None:
             raise ValueError(f"{text!r} is not in the table")
         return i
+
+
+class Packed(NamedTuple):
+    table: Strings
+    repeats: int  # strings equal to an earlier one (not indexed)
+    first_empty: int | None
+    first_bad_pair: int | None  # with check_pairs: first entry that is not "left right"
+
+
+def _slot_count(n: int) -> int:
+    return 1 << (n * 3 // 2).bit_length()  # load factor under 2/3
+
+
+def _packed_in_python(keys: list[bytes], check_pairs: bool) -> Packed:
+    table, repeats = Strings.build(keys)
+    first_empty = keys.index(b"") if b"" in keys else None
+    first_bad_pair = next((i for i, k in enumerate(keys) if not _is_pair(k)), None) if check_pairs else None
+    return Packed(table, repeats, first_empty, first_bad_pair)
+
+
+def _is_pair(entry: bytes) -> bool:
+    # llama.cpp splits a merge at its first space after position 0
+    cut = entry.find(b" ", 1)
+    return 0 < cut < len(entry) - 1
+
+
+def _address(buffer: bytearray) -> int:
+    import ctypes
+
+    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+
+
+def _none_if_negative(i: int) -> int | None:
+    return None if i < 0 else i

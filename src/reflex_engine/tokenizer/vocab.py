@@ -8,7 +8,6 @@ few byte blobs (`to_tables` / `from_tables`) that load without building per-toke
 """
 from __future__ import annotations
 
-import re
 from array import array
 from typing import NamedTuple
 
@@ -87,13 +86,14 @@ def load_vocab(gguf_file) -> Vocab:
     if pre is not None and not isinstance(pre, str):
         raise ReflexError("tokenizer: tokenizer.ggml.pre must be a string")
 
-    tokens = _array(meta, vtypes, "tokenizer.ggml.tokens", (ValueType.STRING,), required=True).raw_strings()
-    n = len(tokens)
+    token_array = _array(meta, vtypes, "tokenizer.ggml.tokens", (ValueType.STRING,), required=True)
+    n = len(token_array)
     if n == 0:
         raise ReflexError("tokenizer: tokenizer.ggml.tokens is empty")
-    if b"" in tokens:  # llama.cpp renames empty tokens so that every text maps to one id
-        tokens = [t or f"[EMPTY_{i}]".encode() for i, t in enumerate(tokens)]
-    token_table, duplicates = Strings.build(tokens)
+    token_table, duplicates, first_empty, _ = Strings.from_gguf_array(gguf_file, token_array)
+    if first_empty is not None:  # llama.cpp renames empty tokens so that every text maps to one id
+        tokens = [t or f"[EMPTY_{i}]".encode() for i, t in enumerate(token_array.raw_strings())]
+        token_table, duplicates = Strings.build(tokens)
     if duplicates:
         # llama.cpp keeps the last id of a duplicated text; text->id must be one-to-one
         raise ReflexError(f"tokenizer: {duplicates} duplicate token texts in tokenizer.ggml.tokens")
@@ -104,15 +104,19 @@ def load_vocab(gguf_file) -> Vocab:
     if min(types) < 0 or max(types) > BYTE:  # llama.cpp reads unknown values as UNDEFINED
         types = [t if 0 <= t <= BYTE else UNDEFINED for t in types]
     scores = array("d")
-    merges: list = []
+    merges = Strings.build([])[0]
     if kind == "spm":
         arr = _array(meta, vtypes, "tokenizer.ggml.scores", (ValueType.FLOAT32, ValueType.INT32))
         scores = array("d", arr.tolist() if arr is not None else [0.0] * n)
         if len(scores) != n:
             raise ReflexError(f"tokenizer: tokenizer.ggml.scores has {len(scores)} entries for {n} tokens")
     else:
-        merges = _array(meta, vtypes, "tokenizer.ggml.merges", (ValueType.STRING,), required=True).raw_strings()
-        _check_merges(merges)
+        merge_array = _array(meta, vtypes, "tokenizer.ggml.merges", (ValueType.STRING,), required=True)
+        # a repeated entry keeps its first rank
+        merges, _, _, bad = Strings.from_gguf_array(gguf_file, merge_array, check_pairs=True)
+        if bad is not None:
+            # llama.cpp would silently read such an entry as the pair ("", "")
+            raise ReflexError(f"tokenizer: tokenizer.ggml.merges[{bad}] = {merges[bad]!r} is not 'left right'")
 
     bos, eos, unk = _DEFAULT_IDS[kind]
     ids = {"bos": bos, "eos": eos, "unknown": unk}
@@ -135,7 +139,7 @@ def load_vocab(gguf_file) -> Vocab:
         raise ReflexError("tokenizer: add_bos_token is set but the vocabulary has no BOS token")
     vocab = Vocab(
         kind=kind, pre=pre, tokens=token_table, types=bytes(types), scores=scores,
-        merges=Strings.build(merges)[0],  # a repeated entry keeps its first rank
+        merges=merges,
         bos_id=ids["bos"], eos_id=ids["eos"], eot_id=ids.get("eot"), eom_id=ids.get("eom"),
         unk_id=ids["unknown"], pad_id=ids.get("padding"), sep_id=ids.get("seperator"),
         add_bos=add_bos, add_eos=add_eos,
@@ -150,23 +154,6 @@ def _flag(meta: dict, key: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise ReflexError(f"tokenizer: {key} must be a bool, found {value!r}")
     return value
-
-
-_BAD_MERGE = re.compile(rb"(?m)^(?:|.[^ \n]*|.[^ \n]* )$")
-
-
-def _check_merges(merges: list[bytes]) -> None:
-    # llama.cpp splits each entry at its first space after position 0; an entry without one
-    # would silently become the pair ("", "") there, so it is an error here. One regex pass
-    # over the joined entries; the loop below only runs to name the bad entry.
-    joined = b"\n".join(merges)
-    if joined.count(b"\n") == len(merges) - 1 and not _BAD_MERGE.search(joined):
-        return
-    for i, entry in enumerate(merges):
-        cut = entry.find(b" ", 1)
-        if cut < 0 or cut == len(entry) - 1:
-            text = entry.decode("utf-8", "replace")
-            raise ReflexError(f"tokenizer: tokenizer.ggml.merges[{i}] = {text!r} is not 'left right'")
 
 
 def _mark_end_of_generation(v: Vocab) -> Vocab:
