@@ -372,10 +372,6 @@ class GGUFFile:
         self.tensors = {t.name: t for t in placed}
 
 
-def open_gguf(path: str | os.PathLike) -> GGUFFile:
-    return GGUFFile(path)
-
-
 def layout_section(gguf: GGUFFile) -> dict:
     """What `reflex prepare` records so the next open can skip walking the string arrays."""
     layout = {}
