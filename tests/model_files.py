@@ -1,5 +1,7 @@
 """Model files for tests: the committed tiny goldens, and rewriting a GGUF with gguf-py."""
 import os
+import subprocess
+import sys
 
 import numpy as np
 from gguf import GGUFReader, GGUFWriter
@@ -35,3 +37,8 @@ def rewrite(src, dst, *, arch=None, drop=None, reshape=None, drop_key=None):
     writer.write_tensors_to_file()
     writer.close()
     return dst
+
+
+def run_cli(*args):
+    """`reflex ARGS` in a fresh process, as a user would run it."""
+    return subprocess.run([sys.executable, "-m", "reflex_engine", *args], capture_output=True, text=True, timeout=300)

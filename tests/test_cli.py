@@ -3,22 +3,16 @@ line on stderr with a non-zero exit, never a traceback."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from model_files import GOLDEN_QWEN3, rewrite
+from model_files import GOLDEN_QWEN3, rewrite, run_cli
 from reference_files import vocab_path
 from reflex_engine.gguf import GGUFFile
 from reflex_engine.tokenizer import Tokenizer
 
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "reflex_engine", *args], capture_output=True, text=True, timeout=300)
 
 
 def assert_one_line_error(proc, *needles):

