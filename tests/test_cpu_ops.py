@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from reflex_engine.backends.cpu import CpuOps
-from reflex_engine.ops import Batch, Rope, RopeMode
+from reflex_engine.ops import Batch, CacheShape, Rope, RopeMode
 
 ops = CpuOps()
 rng = np.random.default_rng(7)
@@ -75,7 +75,7 @@ def test_attention_with_gqa_and_segments(segments):
     q = rng.standard_normal((6, n_heads * d), dtype=np.float32)
     k = rng.standard_normal((6, n_kv * d), dtype=np.float32)
     v = rng.standard_normal((6, n_kv * d), dtype=np.float32)
-    cache = ops.new_kv_cache(1, 8, n_kv * d, n_kv * d)
+    cache = ops.new_kv_cache(CacheShape(1, 8, n_kv * d, n_kv * d))
     got = ops.attention(q, k, v, cache=cache, layer=0, batch=Batch([0] * 6, range(6), segments, 0),
                         n_heads=n_heads, n_kv_heads=n_kv, scale=d**-0.5)
     np.testing.assert_allclose(got, _attention_reference(q, k, v, segments, n_heads, n_kv), rtol=1e-5, atol=1e-6)
@@ -85,8 +85,8 @@ def test_attention_in_steps_equals_attention_at_once():
     n_heads, n_kv, d = 2, 1, 8
     q, k, v = (rng.standard_normal((5, w), dtype=np.float32) for w in (n_heads * d, n_kv * d, n_kv * d))
     kwargs = dict(layer=0, n_heads=n_heads, n_kv_heads=n_kv, scale=0.3)
-    whole = ops.attention(q, k, v, cache=ops.new_kv_cache(1, 5, d, d), batch=Batch.causal([0] * 5, 0), **kwargs)
-    cache = ops.new_kv_cache(1, 5, d, d)
+    whole = ops.attention(q, k, v, cache=ops.new_kv_cache(CacheShape(1, 5, d, d)), batch=Batch.causal([0] * 5, 0), **kwargs)
+    cache = ops.new_kv_cache(CacheShape(1, 5, d, d))
     steps = [ops.attention(q[i : i + 1], k[i : i + 1], v[i : i + 1], cache=cache, batch=Batch.causal([0], i), **kwargs) for i in range(5)]
     np.testing.assert_allclose(np.concatenate(steps), whole, rtol=1e-5, atol=1e-6)
 

@@ -4,7 +4,7 @@ import pytest
 
 from reflex_engine.backends.cpu.sampler import Sampler, log_softmax
 from reflex_engine.errors import ReflexError
-from reflex_engine.sampling import SamplingParams
+from reflex_engine.sampling import SamplingParams, candidate_distribution
 
 LOGITS = np.log(np.array([0.40, 0.25, 0.15, 0.10, 0.06, 0.04], np.float32))
 
@@ -56,3 +56,25 @@ def test_bad_parameters_are_rejected(bad):
 def test_log_softmax_rows_sum_to_one():
     rows = np.random.default_rng(2).standard_normal((3, 50)).astype(np.float32) * 30
     np.testing.assert_allclose(np.exp(log_softmax(rows)).sum(axis=1), 1.0, rtol=1e-12)
+
+
+@pytest.mark.parametrize("params", [dict(top_k=40, top_p=0.95, min_p=0.05), dict(top_k=1), dict(top_k=0, top_p=0.9, min_p=0.0),
+                                    dict(top_k=0, top_p=1.0, min_p=0.0), dict(top_k=0, top_p=1.0, min_p=0.1),
+                                    dict(top_k=7, top_p=0.5, min_p=0.2, temperature=0.3), dict(top_k=300, top_p=0.99)])
+def test_candidate_distribution_equals_the_numpy_sampler(params):
+    """The plain-Python filters a device backend runs on its top candidates give the numpy
+    sampler's distribution, and say when the candidates cannot settle it."""
+    p = SamplingParams(**{"temperature": 0.8, **params})
+    for scale in (3.0, 0.01):  # peaked, and so flat that 256 candidates hold too little mass
+        logits = (np.random.default_rng(5).standard_normal(4000) * scale).astype(np.float32)
+        logits[10:20] = logits.max()  # ties at the top
+        want_ids, want_probs = Sampler(p).distribution(logits, [])
+        order = np.argsort(-logits, kind="stable")
+        normalizer = float(np.exp(logits.astype(np.float64) - logits.max()).sum())
+        for n in (256, 4000):
+            got = candidate_distribution(p, order[:n].tolist(), logits[order[:n]].tolist(), normalizer, complete=n == 4000)
+            if got is None:  # only when the candidates do not reach what the filters keep, or top-k
+                assert n == 256 and (len(want_ids) >= 256 or p.top_k > 256)
+                continue
+            assert got[0] == want_ids.tolist()
+            np.testing.assert_allclose(got[1], want_probs, rtol=1e-6, atol=1e-12)

@@ -11,10 +11,10 @@ import time
 from typing import Iterator, NamedTuple, Sequence
 
 from .arch import get_arch
-from .arch.weights import load_weights
+from .arch.weights import load_weights, plan_weights
 from .errors import ReflexError
 from .gguf import GGUFFile
-from .ops import Batch
+from .ops import Batch, CacheShape
 from .timing import Timings
 from .tokenizer import Tokenizer
 
@@ -57,9 +57,15 @@ class ModelFile:
             raise ReflexError(f"the context size must be at least 1 token, not {n_ctx}")
         with self.timings.phase("backend_init"):
             ops = create_backend(device)
+        n_ctx = n_ctx or self.config.n_ctx_train
+        c, arch = self.config, self.arch
         with self.timings.phase("model_load"):
-            weights = load_weights(self.gguf, self.config, self.arch.TENSORS, self.arch.LAYER_TENSORS, ops)
-        return Model(self, ops, weights, n_ctx or self.config.n_ctx_train)
+            plan = plan_weights(self.gguf, c, arch.TENSORS, arch.LAYER_TENSORS)
+            shape = CacheShape(c.n_layers, n_ctx, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.v_head_dim)
+            ops.reserve([(t.ggml_type, t.shape) for t in plan.values() if t is not None], shape, c.activation_width)
+            weights = load_weights(self.gguf, c, plan, arch.TENSORS, arch.LAYER_TENSORS, ops)
+            cache = ops.new_kv_cache(shape)
+        return Model(self, ops, weights, cache, n_ctx)
 
 
 class TokenEvent(NamedTuple):
@@ -83,8 +89,9 @@ class Generation:
 
     @property
     def tokens_per_s(self) -> float:
+        """Decode rate: the tokens after the first (which ends the prompt eval) over their time."""
         seconds = self.timings.get("decode_ms", 0.0) / 1e3
-        return len(self.tokens) / seconds if seconds > 0 else 0.0
+        return (len(self.tokens) - 1) / seconds if seconds > 0 and len(self.tokens) > 1 else 0.0
 
 
 class Candidate(NamedTuple):
@@ -104,9 +111,15 @@ class System1Result(NamedTuple):
 
 
 class Model:
-    def __init__(self, file: ModelFile, ops, weights, n_ctx: int):
-        self.file, self.ops, self.weights, self.n_ctx = file, ops, weights, n_ctx
+    """A model on a backend. One request at a time: every request reuses the one KV cache."""
+
+    def __init__(self, file: ModelFile, ops, weights, cache, n_ctx: int):
+        self.file, self.ops, self.weights, self.cache, self.n_ctx = file, ops, weights, cache, n_ctx
         self.config, self.tokenizer = file.config, file.tokenizer
+
+    @property
+    def device(self) -> str:
+        return self.ops.name
 
     # -- text --------------------------------------------------------------------------------
 
@@ -123,22 +136,34 @@ class Model:
         if bad:
             raise ReflexError(f"token id {bad[0]} is outside the vocabulary (0..{self.config.n_vocab - 1})")
 
-    def _new_cache(self, capacity: int):
-        c = self.config
-        return self.ops.new_kv_cache(c.n_layers, capacity, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.v_head_dim)
-
-    def _forward(self, cache, batch: Batch, out_rows: Sequence[int]):
-        logits = self.file.arch.forward(self.ops, self.weights, self.config, cache, batch, out_rows)
-        return self.ops.to_host(logits)
+    def _passes(self, batch: Batch, out_rows: Sequence[int]) -> Iterator[tuple[list[int], object]]:
+        """Evaluate the batch in passes of at most ops.max_batch tokens (later passes attend to
+        what earlier ones wrote to the cache). Yields, for each pass holding wanted rows, their
+        indices into out_rows and the backend's logits for them, in that order."""
+        step, n = self.ops.max_batch, len(batch.tokens)
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            wanted = [i for i, r in enumerate(out_rows) if a <= r < b]
+            part = Batch(batch.tokens[a:b], batch.positions[a:b], batch.segments[a:b], batch.start + a)
+            logits = self.file.arch.forward(self.ops, self.weights, self.config, self.cache, part, [out_rows[i] - a for i in wanted])
+            if wanted:
+                yield wanted, logits
+            del logits  # before the next pass, so a device backend can reuse the buffer
 
     def logits(self, token_ids: Sequence[int]):
         """float32 (len(token_ids), V): next-token logits at every position. No BOS is added."""
+        import numpy as np
+
         ids = list(token_ids)
         if not ids:
             raise ReflexError("logits needs at least one token")
         self._check_ids(ids)
         self._check_fits(len(ids), "the input")
-        return self._forward(self._new_cache(len(ids)), Batch.causal(ids, 0), range(len(ids)))
+        parts = []
+        for _, logits in self._passes(Batch.causal(ids, 0), range(len(ids))):
+            parts.append(self.ops.to_host(logits))
+            del logits  # a device backend reuses its buffer in the next pass
+        return np.concatenate(parts)
 
     def _check_fits(self, n: int, what: str) -> None:
         if n > self.n_ctx:
@@ -175,16 +200,15 @@ class Model:
     def _generate(self, gen: Generation, timings: Timings, ids: list[int], max_tokens: int, sampler,
                   stop: tuple[str, ...], eog):
         capacity = self.n_ctx if max_tokens == -1 else min(self.n_ctx, len(ids) + max_tokens)
-        cache = self._new_cache(capacity)
-        with timings.phase("prompt_eval"):
-            logits = self._forward(cache, Batch.causal(ids, 0), [len(ids) - 1])[-1]
         history, n_past = list(ids), len(ids)
+        with timings.phase("prompt_eval"):
+            *_, (_, logits) = self._passes(Batch.causal(ids, 0), [len(ids) - 1])
+            token = sampler(logits, history)  # reading the choice waits for the device
+        logits = None  # the next step's logits take the same device buffer
+        timings.mark("first_token")
         stream, text, emitted = self.tokenizer.stream(), "", 0
         decode_start = time.perf_counter()
         while True:
-            token = sampler(logits, history)
-            if not gen.tokens:
-                timings.mark("first_token")
             if token in eog:
                 gen.finish_reason = "eos"
                 break
@@ -203,8 +227,10 @@ class Model:
             if len(gen.tokens) == max_tokens or n_past == capacity:
                 gen.finish_reason = "length"
                 break
-            logits = self._forward(cache, Batch.causal([token], n_past), [0])[-1]
+            *_, (_, logits) = self._passes(Batch.causal([token], n_past), [0])
             n_past += 1
+            token = sampler(logits, history)
+            logits = None
         if gen.finish_reason != "stop":
             text += stream.flush()
             if emitted < len(text):  # held-back text, or an unfinished character as U+FFFD
@@ -236,10 +262,15 @@ class Model:
             segments += [seg] * len(ids)
             targets.append([(0 if j == 0 else len(rows) + j - 1, t) for j, t in enumerate(ids)])
             rows += range(first, first + len(ids) - 1)
+        logprob = {}  # (index into rows, token) -> log-probability
         with timings.phase("prompt_eval"):
-            logprobs = self.ops.log_softmax(self._forward(self._new_cache(len(tokens)), Batch(tokens, positions, segments, 0), rows))
+            for wanted, logits in self._passes(Batch(tokens, positions, segments, 0), rows):
+                local = {r: i for i, r in enumerate(wanted)}
+                pairs = [(r, t) for tgt in targets for r, t in tgt if r in local]
+                logprob.update(zip(pairs, self.ops.token_logprobs(logits, [(local[r], t) for r, t in pairs])))
+                del logits  # a device backend reuses its buffer in the next pass
         timings.mark("first_token")
-        scores = [sum(float(logprobs[r, t]) for r, t in tgt) for tgt in targets]
+        scores = [sum(logprob[r, t] for r, t in tgt) for tgt in targets]
         top = max(scores)
         weights = [math.exp(s - top) for s in scores]
         total = sum(weights)

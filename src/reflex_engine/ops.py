@@ -49,12 +49,27 @@ class Batch(NamedTuple):
         return cls(tokens, range(start, start + n), (0,) * n, start)
 
 
+class CacheShape(NamedTuple):
+    """Per layer, K (capacity, k_width) and V (capacity, v_width)."""
+
+    n_layers: int
+    capacity: int
+    k_width: int
+    v_width: int
+
+
 class Ops(Protocol):
+    max_batch: int  # tokens one forward pass may hold; the engine splits longer batches
+
+    def reserve(self, tensors: Sequence[tuple[Any, tuple[int, ...]]], cache: CacheShape, activation_width: int) -> None:
+        """Before loading: check that these (ggml_type, shape) weights, a cache of that shape and
+        activations of `activation_width` float32 values per token fit; a one-line error if not."""
+
     def load_weight(self, name: str, ggml_type, shape: tuple[int, ...], data: memoryview) -> Weight:
         """Take a tensor's raw blocks as stored (ggml `shape`, innermost first)."""
 
-    def new_kv_cache(self, n_layers: int, capacity: int, k_width: int, v_width: int) -> Any:
-        """Per-layer K (capacity, k_width) and V (capacity, v_width) plus slot segments."""
+    def new_kv_cache(self, shape: CacheShape) -> Any:
+        """The cache, made once per model and reused by every request: K, V and slot segments."""
 
     def embed(self, table: Weight, tokens: Sequence[int]) -> Tensor:
         """Rows of the (V, E) table -> (T, E)."""
@@ -85,10 +100,10 @@ class Ops(Protocol):
         """x[rows]: only the positions whose logits are wanted reach the LM head."""
 
     def to_host(self, x: Tensor):
-        """A float32 numpy array of x (the only place activations leave the backend)."""
+        """A float32 numpy array of x (for `Model.logits` and `check`; generation never needs it)."""
 
     def new_sampler(self, params) -> Any:
-        """A callable (logits row (V,), token history) -> next token id, for SamplingParams."""
+        """A callable (logits (N, V), token history) -> the next token id after the last row."""
 
-    def log_softmax(self, rows: Tensor):
-        """Row-wise log-probabilities of (N, V) logits, as a float64 host array."""
+    def token_logprobs(self, logits: Tensor, pairs: Sequence[tuple[int, int]]) -> list[float]:
+        """log softmax(logits[row])[token] for each (row, token) pair, computed in float64."""

@@ -31,6 +31,13 @@ class ArchConfig(NamedTuple):
     def rope_pairs(self) -> int:
         return self.rope.n_rot // 2
 
+    @property
+    def activation_width(self) -> int:
+        """float32 values per token that a decoder layer may hold at once, generously: the
+        residual stream and its norms, q/k/v before and after norm and RoPE, the FFN, logits."""
+        q, kv = self.n_heads * self.head_dim, self.n_kv_heads * (self.head_dim + self.v_head_dim)
+        return 6 * self.n_embd + 4 * q + 3 * kv + 2 * self.n_heads * self.v_head_dim + 3 * self.n_ff + self.n_vocab
+
 
 class Meta:
     """Typed access to `<arch>.*` keys with errors that name the key."""

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import NamedTuple
 
 from ..errors import ReflexError
-from ..gguf import GGUFFile
+from ..gguf import GGUFFile, TensorInfo
 from .config import ArchConfig
 
 
@@ -31,8 +31,11 @@ class Weights(SimpleNamespace):
     """`w.token_embd`, `w.output`, ..., and `w.blk[i].<name>` per layer."""
 
 
-def load_weights(f: GGUFFile, cfg: ArchConfig, model: list[TensorDecl], layer: list[TensorDecl], ops) -> Weights:
-    def load(name: str, decl: TensorDecl):
+def plan_weights(f: GGUFFile, cfg: ArchConfig, model: list[TensorDecl], layer: list[TensorDecl]) -> dict[str, TensorInfo | None]:
+    """Every declared tensor's directory entry by GGUF name (None: an absent optional one), each
+    checked against its declaration before anything is loaded."""
+
+    def find(name: str, decl: TensorDecl) -> TensorInfo | None:
         info = f.tensors.get(f"{name}.weight")
         if info is None:
             if decl.optional:
@@ -41,8 +44,20 @@ def load_weights(f: GGUFFile, cfg: ArchConfig, model: list[TensorDecl], layer: l
         expected = tuple(_extent(e, cfg) for e in decl.shape)
         if info.shape != expected:
             raise ReflexError(f"{f.path}: tensor {info.name!r} has shape {list(info.shape)}, {cfg.arch} expects {list(expected)}")
-        return ops.load_weight(info.name, info.ggml_type, info.shape, f.tensor_data(info.name))
+        return info
 
-    w = Weights(**{d.name: load(d.name, d) for d in model})
-    w.blk = [SimpleNamespace(**{d.name: load(f"blk.{i}.{d.name}", d) for d in layer}) for i in range(cfg.n_layers)]
+    plan = {d.name: find(d.name, d) for d in model}
+    for i in range(cfg.n_layers):
+        plan.update({f"blk.{i}.{d.name}": find(f"blk.{i}.{d.name}", d) for d in layer})
+    return plan
+
+
+def load_weights(f: GGUFFile, cfg: ArchConfig, plan: dict[str, TensorInfo | None], model: list[TensorDecl],
+                 layer: list[TensorDecl], ops) -> Weights:
+    def load(name: str):
+        info = plan[name]
+        return None if info is None else ops.load_weight(info.name, info.ggml_type, info.shape, f.tensor_data(info.name))
+
+    w = Weights(**{d.name: load(d.name) for d in model})
+    w.blk = [SimpleNamespace(**{d.name: load(f"blk.{i}.{d.name}") for d in layer}) for i in range(cfg.n_layers)]
     return w

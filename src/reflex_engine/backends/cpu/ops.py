@@ -5,7 +5,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from ...ops import Batch, Rope, RopeMode
+from ...ops import Batch, CacheShape, Rope, RopeMode
 from ...quants import dequantize
 from .sampler import Sampler, log_softmax
 
@@ -18,15 +18,21 @@ class KVCache(NamedTuple):
 
 class CpuOps:
     name = "cpu"
+    description = "numpy"
+    max_batch = 1 << 30  # no limit: numpy allocates per op
+
+    def reserve(self, tensors, cache: CacheShape, activation_width: int) -> None:
+        pass  # host memory: the weights are dequantized lazily by numpy, no up-front budget
 
     def load_weight(self, name, ggml_type, shape, data) -> np.ndarray:
         return dequantize(data, ggml_type, tuple(reversed(shape)))  # numpy order: (out, in)
 
-    def new_kv_cache(self, n_layers: int, capacity: int, k_width: int, v_width: int) -> KVCache:
+    def new_kv_cache(self, shape: CacheShape) -> KVCache:
+        # np.zeros maps untouched pages lazily: a long context costs memory only where written
         return KVCache(
-            k=[np.zeros((capacity, k_width), np.float32) for _ in range(n_layers)],
-            v=[np.zeros((capacity, v_width), np.float32) for _ in range(n_layers)],
-            segments=np.zeros(capacity, np.int32),
+            k=[np.zeros((shape.capacity, shape.k_width), np.float32) for _ in range(shape.n_layers)],
+            v=[np.zeros((shape.capacity, shape.v_width), np.float32) for _ in range(shape.n_layers)],
+            segments=np.zeros(shape.capacity, np.int32),
         )
 
     def embed(self, table: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
@@ -100,8 +106,11 @@ class CpuOps:
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(x, dtype=np.float32)
 
-    def new_sampler(self, params) -> Sampler:
-        return Sampler(params)
+    def new_sampler(self, params):
+        sampler = Sampler(params)
+        return lambda logits, history: sampler(logits[-1], history)
 
-    def log_softmax(self, rows: np.ndarray) -> np.ndarray:
-        return log_softmax(rows)
+    def token_logprobs(self, logits: np.ndarray, pairs) -> list[float]:
+        rows = sorted({r for r, _ in pairs})
+        table = dict(zip(rows, log_softmax(logits[rows])))
+        return [float(table[r][t]) for r, t in pairs]

@@ -15,10 +15,15 @@ class Sampler:
         self.rng = np.random.default_rng(params.seed)
 
     def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        ids, probs = self.distribution(logits, history)
+        return int(ids[0]) if self.params.temperature == 0 else int(ids[self.rng.choice(len(ids), p=probs)])
+
+    def distribution(self, logits: np.ndarray, history: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids left after every filter and the probabilities to draw them with."""
         p = self.params
         logits = self._penalized(np.array(logits, dtype=np.float32), history)
         if p.temperature == 0:
-            return int(np.argmax(logits))
+            return np.array([np.argmax(logits)]), np.ones(1)
         ids = np.argsort(-logits, kind="stable")
         if p.top_k:
             ids = ids[: p.top_k]
@@ -31,8 +36,7 @@ class Sampler:
         if p.min_p > 0:
             keep = probs >= p.min_p * probs[0]
             ids, kept = ids[keep], kept[keep]
-        probs = _softmax(kept / np.float32(p.temperature))
-        return int(ids[self.rng.choice(len(ids), p=probs)])
+        return ids, _softmax(kept / np.float32(p.temperature))
 
     def _penalized(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         p = self.params
