@@ -111,10 +111,6 @@ def test_candidate_that_tokenizes_to_nothing():
     assert_one_line_error(run_cli("system1", GOLDEN_QWEN3, "hi", "--candidate", "a", "--candidate", ""), "candidate 1 ('') tokenizes to no tokens")
 
 
-def test_cuda_device_is_a_clear_error_for_now():
-    assert_one_line_error(run_cli("generate", GOLDEN_QWEN3, "hi", "--device", "cuda"), "CUDA backend")
-
-
 def test_bad_sampling_parameter():
     assert_one_line_error(run_cli("generate", GOLDEN_QWEN3, "hi", "--top-p", "0"), "top-p")
 

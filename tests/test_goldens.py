@@ -1,6 +1,7 @@
-"""The CPU forward pass against transformers, on tiny random llama/qwen3 models converted by
+"""The forward pass against transformers, on tiny random llama/qwen3 models converted by
 llama.cpp's convert_hf_to_gguf.py at every listed quant type (tests/goldens, made by
-tools/make_goldens.py). Logits within 1e-4 of the logit range; greedy identical for 32 tokens."""
+tools/make_goldens.py). Logits within each device's tolerance of the logit range (check.py:
+1e-4 on the CPU); greedy identical for 32 tokens."""
 import json
 import os
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 import reflex_engine
-from reflex_engine.check import check_against_reference
+from reflex_engine.check import TOLERANCE, check_against_reference
 from reflex_engine.gguf import GGUFFile
 from reflex_engine.tokenizer import Tokenizer
 from model_files import run_cli
@@ -19,18 +20,20 @@ TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]
 # llama3: Llama 3.1 RoPE scaling (a rope_freqs tensor), original context 64, prompts to 300
 # tokens; only F32 and Q8_0, referenced against transformers on the checkpoint itself.
 VARIANTS = [(arch, t) for arch in ARCHS[:2] for t in TYPES] + [("llama3", "F32"), ("llama3", "Q8_0")]
-TOLERANCE = 1e-4
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def paths(arch, qtype):
     return os.path.join(GOLDENS, arch, f"{arch}-{qtype}.gguf"), os.path.join(GOLDENS, arch, f"goldens-{qtype}.npz")
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch,qtype", VARIANTS)
-def test_logits_and_greedy_match_transformers(arch, qtype):
+def test_logits_and_greedy_match_transformers(arch, qtype, device):
     model_path, golden_path = paths(arch, qtype)
-    model = reflex_engine.load(model_path, device="cpu")
-    report = check_against_reference(model, golden_path, tolerance=TOLERANCE)
+    model = reflex_engine.load(model_path, device=device)
+    report = check_against_reference(model, golden_path)
+    assert report.tolerance == TOLERANCE[device]
     assert report.ok, "\n".join(report.lines)
     assert report.n_prompts == (6 if arch == "llama3" else 5)
     assert sum("greedy" in line and "identical" in line for line in report.lines) == 2

@@ -117,7 +117,7 @@ def cmd_generate(args) -> int:
             sys.stdout.write(event.text)
             sys.stdout.flush()
     summary = {"tokens": len(gen.tokens), "prompt_tokens": gen.prompt_tokens, "tokens_per_s": round(gen.tokens_per_s, 3),
-               "finish": gen.finish_reason, **_phases(gen.timings)}
+               "finish": gen.finish_reason, "device": model.device, **_phases(gen.timings)}
     if args.json:
         print(json.dumps({"text": gen.text, "token_ids": gen.tokens, **summary}, ensure_ascii=False))
     else:
@@ -132,7 +132,8 @@ def cmd_system1(args) -> int:
     candidates = [{"index": c.index, "text": c.text, "score": c.score, "probability": c.probability,
                    "tokens": len(c.tokens)} for c in result.candidates]
     summary = {"best": result.best, "best_text": result.candidates[result.best].text, "entropy": result.entropy,
-               "candidates": len(candidates), "prompt_tokens": result.prompt_tokens, **_phases(result.timings)}
+               "candidates": len(candidates), "prompt_tokens": result.prompt_tokens, "device": model.device,
+               **_phases(result.timings)}
     if args.json:
         print(json.dumps({**summary, "scores": candidates}, ensure_ascii=False))
     else:
@@ -146,13 +147,24 @@ def cmd_check(args) -> int:
     from .check import check_against_reference
     from .engine import ModelFile
 
-    model = ModelFile(args.model).load(device=args.device)
+    model = ModelFile(args.model).load(device=args.device, n_ctx=args.ctx_size)
     report = check_against_reference(model, args.reference, tolerance=args.tolerance)
     for line in report.lines:
         print(line)
     print(_result_line("REFLEX_CHECK_OK" if report.ok else "REFLEX_CHECK_FAIL",
-                       {"worst": report.worst, "tolerance": args.tolerance, "prompts": report.n_prompts}))
+                       {"worst": report.worst, "tolerance": report.tolerance, "prompts": report.n_prompts,
+                        "device": model.device}))
     return 0 if report.ok else 1
+
+
+def cmd_smoke(args) -> int:
+    from .backends.cuda.smoke import smoke
+    from .timing import process_age_ms
+
+    r = smoke()
+    print(_result_line("REFLEX_SMOKE_OK", {"device": r.device, "compute_capability": r.compute_capability,
+                                           "code": r.code, "driver_cuda": r.driver, "ms": round(process_age_ms(), 1)}))
+    return 0
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -211,8 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", required=True, metavar="NPZ",
                    help="goldens file: prompt_<i> token ids and logits_<i> float32 [T, V]; optional greedy_prompt_<j>/greedy_<j>")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
-    p.add_argument("--tolerance", type=float, default=1e-4, help="max |error| relative to each prompt's logit range")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="max |error| relative to each prompt's logit range (default: per device, see check.py)")
+    p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default: the model's)")
     p.set_defaults(run=cmd_check)
+
+    p = sub.add_parser("smoke", help="run one kernel on the GPU and check it: the first command on a new machine")
+    p.set_defaults(run=cmd_smoke)
 
     p = sub.add_parser("prepare", help="write build-time caches beside the model (MODEL.reflex)")
     _add_model(p)

@@ -11,3 +11,8 @@ class GGUFError(ReflexError):
     """A malformed or unsupported GGUF file; the message names the field and byte offset."""
 
     exit_code = 2
+
+
+class CudaUnavailable(ReflexError):
+    """No NVIDIA driver, no GPU, or no kernels in this install for the GPU: `--device auto`
+    falls back to the CPU; `--device cuda` reports it."""

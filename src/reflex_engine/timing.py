@@ -1,6 +1,7 @@
 """Per-phase wall-clock timings, measured from the moment reflex_engine was first imported."""
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 
@@ -32,3 +33,15 @@ class Timings:
 
 def since_start_ms() -> float:
     return (time.perf_counter() - PROCESS_T0) * 1e3
+
+
+def process_age_ms() -> float:
+    """Milliseconds since the kernel started this process (Linux /proc), else since import."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            start_ticks = int(fh.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/uptime", "rb") as fh:
+            uptime = float(fh.read().split()[0])
+        return (uptime - start_ticks / os.sysconf("SC_CLK_TCK")) * 1e3
+    except (OSError, ValueError, IndexError):
+        return since_start_ms()

@@ -5,10 +5,17 @@ DEVICES = ("cpu", "cuda", "auto")
 
 
 def create_backend(device: str):
+    """`auto` is CUDA when a GPU, its driver and this install's kernels are there, else the CPU."""
     if device not in DEVICES:
         raise ReflexError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
-    if device == "cuda":
-        raise ReflexError("the CUDA backend is not built yet; use --device cpu (or auto)")
+    if device != "cpu":
+        from .cuda import CudaOps, CudaUnavailable
+
+        try:
+            return CudaOps()
+        except CudaUnavailable:
+            if device == "cuda":
+                raise
     from .cpu import CpuOps  # imports numpy: only once a backend is actually wanted
 
     return CpuOps()

@@ -1,0 +1,126 @@
+"""One GPU as the engine uses it: the primary context, one stream, the kernel module, launches.
+
+Asks for the primary context of a device and never assumes it created it, so a launcher that
+initialised CUDA earlier in the process (the roadmap's native launcher) is served the same one.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from ctypes import byref, c_float, c_int, c_int64, c_uint64, c_void_p
+from typing import Any, NamedTuple
+
+from ...errors import CudaUnavailable, ReflexError
+from . import driver as cu
+from .image import find_image
+
+# launch-argument kinds of the kernels' C signatures
+PTR, INT, I64, F32, F64 = c_uint64, c_int, c_int64, c_float, ctypes.c_double
+
+
+class DeviceInfo(NamedTuple):
+    ordinal: int
+    name: str
+    compute_capability: tuple[int, int]
+    multiprocessors: int
+    driver_version: int  # cuDriverGetVersion: 12040 = CUDA 12.4
+
+
+def _init(drv: cu.Driver) -> None:
+    try:
+        drv.cuInit(0)
+    except cu.CudaError as e:
+        if e.code == cu.CUDA_ERROR_NO_DEVICE:
+            raise CudaUnavailable("no CUDA GPU found (the NVIDIA driver is installed but sees no device); use --device cpu") from None
+        if e.code == cu.CUDA_ERROR_INSUFFICIENT_DRIVER:
+            raise ReflexError("the NVIDIA driver is too old for this machine's CUDA runtime (cuInit: CUDA_ERROR_INSUFFICIENT_DRIVER)") from None
+        raise
+
+
+class Device:
+    def __init__(self, drv: cu.Driver | None = None, ordinal: int = 0):
+        self.drv = drv or cu.Driver(cu.load_library())
+        drv = self.drv
+        _init(drv)
+        count = c_int()
+        drv.cuDeviceGetCount(byref(count))
+        if ordinal >= count.value:
+            raise ReflexError(f"CUDA device {ordinal} does not exist ({count.value} found)")
+        dev = c_int()
+        drv.cuDeviceGet(byref(dev), ordinal)
+        self.info = DeviceInfo(ordinal, drv.device_name(dev.value),
+                               (drv.attribute(cu.ATTR_COMPUTE_CAPABILITY_MAJOR, dev.value),
+                                drv.attribute(cu.ATTR_COMPUTE_CAPABILITY_MINOR, dev.value)),
+                               drv.attribute(cu.ATTR_MULTIPROCESSOR_COUNT, dev.value), drv.version())
+        self.image = find_image(self.info.compute_capability)
+        self._check_image()
+        self.context = c_void_p()
+        drv.cuDevicePrimaryCtxRetain(byref(self.context), dev.value)
+        drv.cuCtxSetCurrent(self.context)
+        self.stream = c_void_p()
+        drv.cuStreamCreate(byref(self.stream), cu.STREAM_NON_BLOCKING)
+        with open(self.image.path, "rb") as fh:
+            self._image_bytes = fh.read()  # the driver reads it during the load only; kept for clarity
+        self.module = c_void_p()
+        try:
+            drv.cuModuleLoadData(byref(self.module), self._image_bytes)
+        except cu.CudaError as e:
+            raise ReflexError(f"cannot load the CUDA kernels ({self.image.kind} {self.image.arch}) on "
+                              f"{self.info.name} (sm_{self._sm}): {e}") from None
+        self._functions: dict[str, Any] = {}
+
+    @property
+    def _sm(self) -> str:
+        major, minor = self.info.compute_capability
+        return f"{major}{minor}"
+
+    def _check_image(self) -> None:
+        need = self.image.min_driver_cuda
+        if need and self.info.driver_version < need:
+            raise ReflexError(f"the NVIDIA driver supports CUDA {cu.version_text(self.info.driver_version)}; these kernels "
+                              f"need CUDA {cu.version_text(need)} or newer: update the driver")
+        if self.image.kind == "ptx" and os.environ.get("CUDA_DISABLE_PTX_JIT") == "1":
+            raise CudaUnavailable(f"this install has no SASS for {self.info.name} (sm_{self._sm}) and PTX JIT is disabled "
+                              "(CUDA_DISABLE_PTX_JIT=1)")
+
+    # -- kernels -------------------------------------------------------------------------------
+
+    def function(self, name: str):
+        fn = self._functions.get(name)
+        if fn is None:
+            fn = c_void_p()
+            self.drv.cuModuleGetFunction(byref(fn), self.module, name.encode())
+            self._functions[name] = fn
+        return fn
+
+    def launch(self, name: str, grid: tuple[int, ...], block: int, args: tuple, smem: int = 0) -> None:
+        """Enqueue kernel `name` on the stream; args are ctypes values (PTR(...), INT(...), ...)."""
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        if gx == 0 or gy == 0 or gz == 0:
+            return  # nothing to do: empty tensors are legal (e.g. no logits rows in a prefill chunk)
+        params = (c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+        self.drv.cuLaunchKernel(self.function(name), gx, gy, gz, block, 1, 1, smem, self.stream, params, None)
+
+    # -- memory --------------------------------------------------------------------------------
+
+    def alloc(self, nbytes: int) -> int:
+        return self.drv.alloc(nbytes)
+
+    def free_memory(self) -> int:
+        return self.drv.mem_info()[0]
+
+    def upload(self, dst: int, src_address: int, nbytes: int) -> None:
+        self.drv.cuMemcpyHtoDAsync_v2(dst, src_address, nbytes, self.stream)
+
+    def download(self, dst_address: int, src: int, nbytes: int) -> None:
+        """Copy to host memory and wait: the stream's work before it is done when this returns."""
+        self.drv.cuMemcpyDtoHAsync_v2(dst_address, src, nbytes, self.stream)
+        self.synchronize()
+
+    def synchronize(self) -> None:
+        self.drv.cuStreamSynchronize(self.stream)
+
+    def pinned(self, nbytes: int) -> int:
+        ptr = c_void_p()
+        self.drv.cuMemHostAlloc(byref(ptr), nbytes, 0)
+        return ptr.value

@@ -1,0 +1,144 @@
+"""A small typed ctypes binding to the CUDA driver API (libcuda.so.1): nothing else.
+
+No libcudart, no cuda-python, no numpy: the cold path pays ~3 ms to dlopen the driver and
+nothing to import. Every call is checked; a failure raises CudaError naming the call and the
+CUresult's name. The library object is injectable so tests can simulate a driver.
+"""
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, byref, c_char_p, c_float, c_int, c_size_t, c_uint, c_uint64, c_void_p
+
+from ...errors import CudaUnavailable, ReflexError
+
+CUDA_SUCCESS = 0
+CUDA_ERROR_NO_DEVICE = 100
+CUDA_ERROR_INSUFFICIENT_DRIVER = 35
+CUDA_ERROR_NO_BINARY_FOR_GPU = 209
+
+ATTR_COMPUTE_CAPABILITY_MAJOR = 75
+ATTR_COMPUTE_CAPABILITY_MINOR = 76
+ATTR_MULTIPROCESSOR_COUNT = 16
+
+STREAM_NON_BLOCKING = 1
+EVENT_DISABLE_TIMING = 2
+HOST_REGISTER_READ_ONLY = 8
+STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
+
+CUdeviceptr = c_uint64
+
+# name -> argtypes; every function returns a CUresult (int)
+_SIGNATURES = {
+    "cuInit": (c_uint,),
+    "cuDriverGetVersion": (POINTER(c_int),),
+    "cuGetErrorName": (c_int, POINTER(c_char_p)),
+    "cuDeviceGetCount": (POINTER(c_int),),
+    "cuDeviceGet": (POINTER(c_int), c_int),
+    "cuDeviceGetName": (c_char_p, c_int, c_int),
+    "cuDeviceGetAttribute": (POINTER(c_int), c_int, c_int),
+    "cuDevicePrimaryCtxRetain": (POINTER(c_void_p), c_int),
+    "cuCtxSetCurrent": (c_void_p,),
+    "cuCtxSynchronize": (),
+    "cuMemGetInfo_v2": (POINTER(c_size_t), POINTER(c_size_t)),
+    "cuMemAlloc_v2": (POINTER(CUdeviceptr), c_size_t),
+    "cuMemFree_v2": (CUdeviceptr,),
+    "cuMemsetD8Async": (CUdeviceptr, ctypes.c_ubyte, c_size_t, c_void_p),
+    "cuMemsetD32Async": (CUdeviceptr, c_uint, c_size_t, c_void_p),
+    "cuMemcpyHtoDAsync_v2": (CUdeviceptr, c_void_p, c_size_t, c_void_p),
+    "cuMemcpyDtoHAsync_v2": (c_void_p, CUdeviceptr, c_size_t, c_void_p),
+    "cuMemcpyDtoDAsync_v2": (CUdeviceptr, CUdeviceptr, c_size_t, c_void_p),
+    "cuMemHostAlloc": (POINTER(c_void_p), c_size_t, c_uint),
+    "cuMemFreeHost": (c_void_p,),
+    "cuMemHostRegister_v2": (c_void_p, c_size_t, c_uint),
+    "cuMemHostUnregister": (c_void_p,),
+    "cuStreamCreate": (POINTER(c_void_p), c_uint),
+    "cuStreamSynchronize": (c_void_p,),
+    "cuEventCreate": (POINTER(c_void_p), c_uint),
+    "cuEventRecord": (c_void_p, c_void_p),
+    "cuEventSynchronize": (c_void_p,),
+    "cuEventElapsedTime": (POINTER(c_float), c_void_p, c_void_p),
+    "cuModuleLoadData": (POINTER(c_void_p), c_void_p),
+    "cuModuleGetFunction": (POINTER(c_void_p), c_void_p, c_char_p),
+    "cuLaunchKernel": (c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p,
+                       POINTER(c_void_p), POINTER(c_void_p)),
+    "cuStreamBeginCapture_v2": (c_void_p, c_int),
+    "cuStreamEndCapture": (c_void_p, POINTER(c_void_p)),
+    "cuGraphInstantiateWithFlags": (POINTER(c_void_p), c_void_p, ctypes.c_ulonglong),
+    "cuGraphLaunch": (c_void_p, c_void_p),
+    "cuGraphExecDestroy": (c_void_p,),
+    "cuGraphDestroy": (c_void_p,),
+}
+
+
+class CudaError(ReflexError):
+    """A driver call failed; `code` is the CUresult."""
+
+    def __init__(self, call: str, code: int, name: str):
+        super().__init__(f"CUDA driver call {call} failed: {name} ({code})")
+        self.call, self.code = call, code
+
+
+def load_library(name: str = "libcuda.so.1"):
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        raise CudaUnavailable(f"no NVIDIA driver on this machine ({name} not found); use --device cpu") from None
+
+
+class Driver:
+    """The driver functions as checked methods: `drv.cuMemAlloc_v2(byref(ptr), n)`."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        for name, argtypes in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            if isinstance(fn, ctypes._CFuncPtr):
+                fn.argtypes, fn.restype = argtypes, c_int
+            setattr(self, name, self._checked(name, fn))
+
+    def _checked(self, name: str, fn):
+        def call(*args):
+            code = fn(*args)
+            if code != CUDA_SUCCESS:
+                raise CudaError(name, code, self.error_name(code))
+
+        call.__name__ = name
+        return call
+
+    def error_name(self, code: int) -> str:
+        out = c_char_p()
+        if self._lib.cuGetErrorName(code, byref(out)) != CUDA_SUCCESS or not out.value:
+            return "CUDA_ERROR_UNKNOWN"
+        return out.value.decode()
+
+    # -- the few calls that return values, as functions ---------------------------------------
+
+    def version(self) -> int:
+        v = c_int()
+        self.cuDriverGetVersion(byref(v))
+        return v.value
+
+    def attribute(self, attr: int, device: int) -> int:
+        v = c_int()
+        self.cuDeviceGetAttribute(byref(v), attr, device)
+        return v.value
+
+    def device_name(self, device: int) -> str:
+        buf = ctypes.create_string_buffer(256)
+        self.cuDeviceGetName(buf, 256, device)
+        return buf.value.decode(errors="replace")
+
+    def mem_info(self) -> tuple[int, int]:
+        free, total = c_size_t(), c_size_t()
+        self.cuMemGetInfo_v2(byref(free), byref(total))
+        return free.value, total.value
+
+    def alloc(self, nbytes: int) -> int:
+        ptr = CUdeviceptr()
+        self.cuMemAlloc_v2(byref(ptr), max(nbytes, 1))
+        return ptr.value
+
+
+def version_text(v: int) -> str:
+    """cuDriverGetVersion's 12040 -> '12.4'."""
+    return f"{v // 1000}.{v % 1000 // 10}"

@@ -1,0 +1,96 @@
+"""Device memory, taken once at load: weights, the KV cache and a pool of activation buffers.
+
+An activation buffer holds `rows` x width float32, whatever the batch's length, and goes back to
+its width's free list when the Python object dies. The same op sequence therefore gets the same
+buffers every step, which keeps a decode step capturable as a CUDA graph, and a forward pass
+never calls the allocator.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ...errors import ReflexError
+
+ALIGN = 256
+
+
+def aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+class Region:
+    """A bump allocator over one device allocation."""
+
+    def __init__(self, base: int, size: int, what: str):
+        self.base, self.size, self.top, self.what = base, size, 0, what
+
+    def carve(self, nbytes: int) -> int:
+        n = aligned(nbytes)
+        if self.top + n > self.size:
+            raise ReflexError(f"internal error: the {self.what} region ({self.size} bytes) is full")
+        ptr = self.base + self.top
+        self.top += n
+        return ptr
+
+
+class Pool:
+    """Activation buffers of `rows` x width float32, recycled per width."""
+
+    def __init__(self, region: Region, rows: int):
+        self.region, self.rows = region, rows
+        self._free: dict[int, list[int]] = {}
+
+    def take(self, width: int) -> int:
+        free = self._free.get(width)
+        return free.pop() if free else self.region.carve(self.rows * width * 4)
+
+    def give(self, width: int, ptr: int) -> None:
+        self._free.setdefault(width, []).append(ptr)
+
+
+class Tensor:
+    """A (rows, cols) float32 activation on the device, row-major."""
+
+    __slots__ = ("ptr", "rows", "cols", "_pool")
+
+    def __init__(self, pool: Pool, rows: int, cols: int):
+        if rows > pool.rows:
+            raise ReflexError(f"internal error: {rows} rows exceed the activation buffers' {pool.rows}")
+        ptr = pool.take(cols)
+        self.ptr, self.rows, self.cols, self._pool = ptr, rows, cols, pool
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.rows, self.cols
+
+    def row(self, i: int) -> int:
+        return self.ptr + i * self.cols * 4
+
+    def __del__(self):
+        if hasattr(self, "_pool"):  # not when __init__ failed
+            self._pool.give(self.cols, self.ptr)
+
+
+class Plan(NamedTuple):
+    """Bytes the model needs on the device, checked against free memory before any allocation."""
+
+    weights: int
+    cache: int
+    activations: int
+    scratch: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.cache + self.activations + self.scratch
+
+    def check(self, free: int, device: str, n_ctx: int) -> None:
+        if self.weights + self.activations + self.scratch > free:
+            raise ReflexError(f"the model needs {gb(self.weights)} of weights plus {gb(self.activations + self.scratch)} of "
+                              f"buffers on {device}, which has {gb(free)} free")
+        if self.total > free:
+            raise ReflexError(f"a {n_ctx}-token context needs a {gb(self.cache)} KV cache; with the model ({gb(self.weights)}) "
+                              f"and buffers that exceeds the {gb(free)} free on {device}: pass a smaller --ctx-size")

@@ -1,0 +1,274 @@
+"""Ops on device buffers: every call enqueues kernels on the device's one stream and returns.
+
+Weights stay as the GGUF stores them (quantized blocks), dequantized inside the kernels; types
+without kernels of their own are dequantized to F16 once at load. Knows devices, not models.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import NamedTuple, Sequence
+
+from ...errors import ReflexError
+from ...gguf import GGMLType, tensor_nbytes
+from ...ops import Batch, CacheShape, Rope, RopeMode
+from .device import F32, F64, I64, INT, PTR, Device
+from .memory import Plan, Pool, Region, Tensor, aligned
+
+# types with their own kernels (kernels/quant_blocks.cuh); the rest become F16 at load
+KERNEL_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
+                GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
+                GGMLType.Q6_K)
+MATVEC_MAX_TOKENS = 8  # kernels/matvec.cu: up to 8 tokens share one pass over the weights
+MAX_BATCH = 512  # tokens per forward pass; the engine splits longer batches
+TOP_K_MAX = 256  # kernels/sampling.cu top_k
+
+
+def kernel_suffix(t: GGMLType) -> str:
+    return t.name.lower().replace("_k", "_K")
+
+
+class Weight(NamedTuple):
+    ptr: int
+    ggml_type: GGMLType
+    shape: tuple[int, ...]  # ggml order: (n_cols, n_rows) for a matrix
+
+    @property
+    def n_cols(self) -> int:
+        return self.shape[0]
+
+    @property
+    def n_rows(self) -> int:
+        return self.shape[1] if len(self.shape) > 1 else 1
+
+
+class KVCache(NamedTuple):
+    k: list[int]  # per layer: f16 (capacity, k_width)
+    v: list[int]  # per layer: f16 (capacity, v_width)
+    segments: int  # int32 (capacity,): the segment of each written slot
+    shape: CacheShape
+
+
+def device_nbytes(ggml_type: GGMLType, shape: tuple[int, ...]) -> int:
+    if len(shape) == 1:  # vectors (norm weights, rope factors) are kept as float32
+        return aligned(4 * shape[0])
+    if ggml_type in KERNEL_TYPES:
+        return aligned(tensor_nbytes(ggml_type, shape))
+    return aligned(2 * _count(shape))
+
+
+def _count(shape) -> int:
+    n = 1
+    for extent in shape:
+        n *= extent
+    return n
+
+
+def _address(view: memoryview) -> int:
+    """The address of a (read-only) buffer, e.g. a tensor's bytes in the file mapping."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(view)) if not view.readonly else _readonly_address(view)
+
+
+class _PyBuffer(ctypes.Structure):
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.py_object), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+
+def _readonly_address(view: memoryview) -> int:
+    buf = _PyBuffer()
+    ctypes.pythonapi.PyObject_GetBuffer(ctypes.py_object(view), ctypes.byref(buf), 0)
+    try:
+        return buf.buf
+    finally:
+        ctypes.pythonapi.PyBuffer_Release(ctypes.byref(buf))
+
+
+class CudaOps:
+    name = "cuda"
+    max_batch = MAX_BATCH
+
+    def __init__(self, device: Device | None = None):
+        self.device = device or Device()
+        self._weights = self._cache = self._scratch = self._small = self._large = None
+        self._positions = None  # (sequence, device copy) of the last rope call: q and k share it
+
+    @property
+    def description(self) -> str:
+        info, image = self.device.info, self.device.image
+        return f"{info.name} sm_{info.compute_capability[0]}{info.compute_capability[1]} {image.kind} {image.arch}"
+
+    # -- memory ---------------------------------------------------------------------------------
+
+    def reserve(self, tensors: Sequence[tuple[GGMLType, tuple[int, ...]]], cache: CacheShape, activation_width: int) -> None:
+        """Check that the weights, a cache of `cache`'s shape and the activation buffers fit in free
+        device memory, then take all three (activation_width: float32 values live per token)."""
+        kv_bytes = cache.n_layers * aligned(cache.capacity * (cache.k_width + cache.v_width) * 2) + aligned(4 * cache.capacity)
+        scratch = aligned(4 * (5 * MAX_BATCH + cache.capacity)) + aligned(8 * 2 * MAX_BATCH) + aligned(8 * TOP_K_MAX + 16)
+        # two pools: decode-sized buffers (a step's addresses never move) and whole-pass ones
+        small, large = aligned(2 * MATVEC_MAX_TOKENS * activation_width * 4), aligned(MAX_BATCH * activation_width * 4)
+        plan = Plan(sum(device_nbytes(t, s) for t, s in tensors) + len(tensors) * 256, kv_bytes, small + large, scratch)
+        plan.check(self.device.free_memory(), self.device.info.name, cache.capacity)
+        dev = self.device
+        self._weights = Region(dev.alloc(plan.weights), plan.weights, "weights")
+        self._cache = Region(dev.alloc(plan.cache), plan.cache, "KV cache")
+        self._scratch = Region(dev.alloc(plan.scratch), plan.scratch, "scratch")
+        self._small = Pool(Region(dev.alloc(small), small, "small activation"), MATVEC_MAX_TOKENS)
+        self._large = Pool(Region(dev.alloc(large), large, "activation"), MAX_BATCH)
+        s = self._scratch
+        self._ints = {k: s.carve(4 * n) for k, n in (("tokens", MAX_BATCH), ("positions", MAX_BATCH), ("segments", MAX_BATCH),
+                                                    ("rows", MAX_BATCH), ("pairs", MAX_BATCH), ("history", cache.capacity))}
+        self._f64 = s.carve(8 * 2 * MAX_BATCH)
+        self._top = s.carve(8 * TOP_K_MAX + 16)  # top_k's ids, values and (max, sum of exp)
+
+    def load_weight(self, name, ggml_type, shape, data) -> Weight:
+        ggml_type, shape = GGMLType(ggml_type), tuple(shape)
+        ptr = self._weights.carve(device_nbytes(ggml_type, shape))
+        if len(shape) == 1 and ggml_type != GGMLType.F32:
+            data, ggml_type = _dequantized(data, ggml_type, "<f4"), GGMLType.F32
+        elif len(shape) > 1 and ggml_type not in KERNEL_TYPES:
+            data, ggml_type = _dequantized(data, ggml_type, "<f2"), GGMLType.F16
+        view = memoryview(data).cast("B")
+        self.device.upload(ptr, _address(view), view.nbytes)
+        return Weight(ptr, ggml_type, shape)
+
+    def new_kv_cache(self, shape: CacheShape) -> KVCache:
+        c = self._cache
+        k = [c.carve(shape.capacity * shape.k_width * 2) for _ in range(shape.n_layers)]
+        v = [c.carve(shape.capacity * shape.v_width * 2) for _ in range(shape.n_layers)]
+        return KVCache(k, v, c.carve(4 * shape.capacity), shape)
+
+    def from_host(self, x) -> Tensor:
+        """A C-contiguous float32 (rows, cols) host buffer as a device activation (tests, tools)."""
+        view = memoryview(x).cast("B")
+        rows, cols = x.shape
+        out = self._new(rows, cols)
+        self.device.upload(out.ptr, _address(view), view.nbytes)
+        return out
+
+    def poison(self) -> None:
+        """Fill every activation buffer with NaN, so a test sees any element a kernel did not write."""
+        for pool in (self._small, self._large):
+            self.device.drv.cuMemsetD32Async(pool.region.base, 0x7FC00000, pool.region.size // 4, self.device.stream)
+
+    def _new(self, rows: int, cols: int) -> Tensor:
+        return Tensor(self._small if rows <= MATVEC_MAX_TOKENS else self._large, rows, cols)
+
+    def _upload_ints(self, kind: str, values: Sequence[int]) -> int:
+        """Copy ints into their scratch slot; pageable source: the driver stages it before returning."""
+        ptr = self._ints[kind]
+        n = len(values)
+        if n:
+            host = (ctypes.c_int32 * n)(*values)
+            self.device.upload(ptr, ctypes.addressof(host), 4 * n)
+        return ptr
+
+    # -- the Ops protocol ------------------------------------------------------------------------
+
+    def embed(self, table: Weight, tokens: Sequence[int]) -> Tensor:
+        out = self._new(len(tokens), table.n_cols)
+        ids = self._upload_ints("tokens", tokens)
+        self.device.launch(f"get_rows_{kernel_suffix(table.ggml_type)}", (len(tokens),), 128,
+                           (PTR(table.ptr), PTR(ids), PTR(out.ptr), INT(table.n_cols), INT(len(tokens))))
+        return out
+
+    def rms_norm(self, x: Tensor, weight: Weight, eps: float) -> Tensor:
+        d = weight.n_cols
+        out = self._new(x.rows, x.cols)
+        block = 32 * -(-min(d, 1024) // 32)
+        self.device.launch("rms_norm_f32", (x.rows * x.cols // d,), block,
+                           (PTR(x.ptr), PTR(weight.ptr), PTR(out.ptr), INT(d), F32(eps)))
+        return out
+
+    def matmul(self, x: Tensor, weight: Weight) -> Tensor:
+        if x.cols != weight.n_cols:
+            raise ReflexError(f"internal error: matmul of width {x.cols} with a weight of {weight.n_cols} columns")
+        out = self._new(x.rows, weight.n_rows)
+        args = (PTR(weight.ptr), PTR(x.ptr), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols), INT(x.rows))
+        suffix = kernel_suffix(weight.ggml_type)
+        if x.rows <= MATVEC_MAX_TOKENS:
+            self.device.launch(f"matvec_{suffix}", (-(-weight.n_rows // 4),), 128, args)
+        else:
+            self.device.launch(f"gemm_{suffix}", (-(-weight.n_rows // 64), -(-x.rows // 64)), 128, args)
+        return out
+
+    def _elementwise(self, kernel: str, a: Tensor, b: Tensor) -> Tensor:
+        out = self._new(a.rows, a.cols)
+        n = a.rows * a.cols
+        self.device.launch(kernel, (-(-n // 256),), 256, (PTR(a.ptr), PTR(b.ptr), PTR(out.ptr), I64(n)))
+        return out
+
+    def add(self, a: Tensor, b: Tensor) -> Tensor:
+        return self._elementwise("add_f32", a, b)
+
+    def swiglu(self, gate: Tensor, up: Tensor) -> Tensor:
+        return self._elementwise("swiglu_f32", gate, up)
+
+    def rope(self, x: Tensor, positions: Sequence[int], head_dim: int, rope: Rope, freq_factors: Weight | None = None) -> Tensor:
+        if self._positions is None or self._positions[0] is not positions:
+            self._positions = (positions, self._upload_ints("positions", positions))
+        out = self._new(x.rows, x.cols)
+        block = min(256, 32 * -(-(rope.n_rot // 2) // 32))
+        self.device.launch("rope_f32", (x.rows, x.cols // head_dim), block,
+                           (PTR(x.ptr), PTR(out.ptr), PTR(self._positions[1]), PTR(freq_factors.ptr if freq_factors else 0),
+                            INT(head_dim), INT(rope.n_rot), INT(rope.mode is RopeMode.NEOX), F64(rope.base),
+                            F64(rope.freq_scale)))
+        return out
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: KVCache, layer: int, batch: Batch,
+                  n_heads: int, n_kv_heads: int, scale: float) -> Tensor:
+        dev, t = self.device, q.rows
+        if layer == 0:
+            self._segments = self._upload_ints("segments", batch.segments)
+        dk, dv = k.cols // n_kv_heads, v.cols // n_kv_heads
+        dev.launch("kv_store", (t,), 256, (PTR(k.ptr), PTR(v.ptr), PTR(cache.k[layer]), PTR(cache.v[layer]),
+                                           PTR(cache.segments), PTR(self._segments), INT(batch.start), INT(t),
+                                           INT(k.cols), INT(v.cols)))
+        out = self._new(t, n_heads * dv)
+        dev.launch("attention", (t, n_heads), 128, (PTR(q.ptr), PTR(cache.k[layer]), PTR(cache.v[layer]), PTR(cache.segments),
+                                                   PTR(self._segments), PTR(out.ptr), INT(batch.start), INT(t), INT(n_heads),
+                                                   INT(n_kv_heads), INT(dk), INT(dv), F32(scale)))
+        return out
+
+    def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:
+        out = self._new(len(rows), x.cols)
+        ptr = self._upload_ints("rows", rows)
+        self.device.launch("take_rows_f32", (len(rows),), 256, (PTR(x.ptr), PTR(ptr), PTR(out.ptr), INT(x.cols)))
+        return out
+
+    def to_host(self, x: Tensor):
+        import numpy as np  # only `logits()` and `check` come here, never the generate path
+
+        out = np.empty((x.rows, x.cols), np.float32)
+        self.device.download(out.ctypes.data, x.ptr, out.nbytes)
+        return out
+
+    def new_sampler(self, params):
+        from .sampler import CudaSampler
+
+        return CudaSampler(self, params)
+
+    def token_logprobs(self, logits: Tensor, pairs: Sequence[tuple[int, int]]) -> list[float]:
+        n = len(pairs)
+        if n > MAX_BATCH or logits.rows > MAX_BATCH:
+            raise ReflexError(f"internal error: {n} log-probabilities asked of one pass (at most {MAX_BATCH})")
+        if not n:
+            return []
+        lse, out = self._f64, self._f64 + 8 * MAX_BATCH
+        rows = self._upload_ints("rows", [r for r, _ in pairs])
+        tokens = self._upload_ints("pairs", [t for _, t in pairs])
+        dev = self.device
+        dev.launch("row_logsumexp", (logits.rows,), 1024, (PTR(logits.ptr), INT(logits.cols), PTR(lse)))
+        dev.launch("gather_logprobs", (-(-n // 256),), 256, (PTR(logits.ptr), INT(logits.cols), PTR(rows), PTR(tokens),
+                                                          PTR(lse), INT(n), PTR(out)))
+        host = (ctypes.c_double * n)()
+        dev.download(ctypes.addressof(host), out, 8 * n)
+        return list(host)
+
+
+def _dequantized(data, ggml_type: GGMLType, dtype: str) -> bytes:
+    """Types without kernels: dequantized on the host (numpy, only for such files) once at load."""
+    from ...quants import dequantize
+
+    return dequantize(data, ggml_type).astype(dtype).tobytes()
+

@@ -1,0 +1,74 @@
+"""Choosing the next token with the logits on the device: a few numbers come back, not the row.
+
+Penalties are applied on the device; greedy is an argmax there. Otherwise the device finds the
+highest logits and the row's softmax normalizer, and `candidate_distribution` applies the CPU
+sampler's filters to them in plain Python. Only when those candidates cannot settle the
+distribution (top-k off and a flat row) does the whole row come back. The draw uses Python's
+`random`, so a seed gives the same tokens on every run, but not the CPU sampler's tokens.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import random
+
+from ...sampling import SamplingParams, candidate_distribution
+from .device import F32, INT, PTR
+from .memory import Tensor
+from .ops import TOP_K_MAX, CudaOps
+
+
+class CudaSampler:
+    def __init__(self, ops: CudaOps, params: SamplingParams):
+        self.ops, self.params = ops, params
+        self.rng = random.Random(params.seed)
+
+    def __call__(self, logits: Tensor, history) -> int:
+        row = logits.row(logits.rows - 1)
+        self._penalize(row, history)
+        ids, probs = self.distribution(row, logits.cols)
+        if len(ids) == 1:
+            return ids[0]
+        r, acc = self.rng.random(), 0.0
+        for token, q in zip(ids, probs):
+            acc += q
+            if r < acc:
+                return token
+        return ids[-1]  # r landed in the rounding gap at the top
+
+    def distribution(self, row: int, n_vocab: int) -> tuple[list[int], list[float]]:
+        """(ids, probabilities) after every filter; greedy gives ([argmax], [1.0])."""
+        p, dev = self.params, self.ops.device
+        out = self.ops._top
+        if p.temperature == 0:
+            dev.launch("argmax_rows", (1,), 1024, (PTR(row), INT(n_vocab), PTR(out)))
+            best = ctypes.c_int32()
+            dev.download(ctypes.addressof(best), out, 4)
+            return [best.value], [1.0]
+        k = min(n_vocab, p.top_k if 0 < p.top_k <= TOP_K_MAX else TOP_K_MAX)
+        ids_at, vals_at, stats_at = out, out + 4 * TOP_K_MAX, out + 8 * TOP_K_MAX
+        dev.launch("top_k", (1,), 1024, (PTR(row), INT(n_vocab), INT(k), PTR(ids_at), PTR(vals_at), PTR(stats_at)))
+        host = (ctypes.c_int32 * (2 * TOP_K_MAX + 4))()
+        dev.download(ctypes.addressof(host), out, ctypes.sizeof(host))
+        ids = list(host[:k])
+        vals = list((ctypes.c_float * TOP_K_MAX).from_buffer(host, 4 * TOP_K_MAX)[:k])
+        normalizer = (ctypes.c_float * 2).from_buffer(host, 8 * TOP_K_MAX)[1]
+        found = candidate_distribution(p, ids, vals, normalizer, complete=k == n_vocab)
+        return found if found is not None else self._whole_row(row, n_vocab)
+
+    def _whole_row(self, row: int, n_vocab: int) -> tuple[list[int], list[float]]:
+        values = (ctypes.c_float * n_vocab)()
+        self.ops.device.download(ctypes.addressof(values), row, 4 * n_vocab)
+        order = sorted(range(n_vocab), key=values.__getitem__, reverse=True)  # stable: ties keep lower ids first
+        ids, vals = order, [values[i] for i in order]
+        normalizer = math.fsum(math.exp(v - vals[0]) for v in vals)
+        return candidate_distribution(self.params, ids, vals, normalizer, complete=True)
+
+    def _penalize(self, row: int, history) -> None:
+        p = self.params
+        if p.repeat_last_n == 0 or (p.repeat_penalty == 1 and p.presence_penalty == 0) or not history:
+            return
+        recent = sorted(set(history[-p.repeat_last_n:]))
+        ids = self.ops._upload_ints("history", recent)
+        self.ops.device.launch("apply_penalties", (-(-len(recent) // 256),), 256,
+                               (PTR(row), PTR(ids), INT(len(recent)), F32(p.repeat_penalty), F32(p.presence_penalty)))

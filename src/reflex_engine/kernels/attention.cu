@@ -1,0 +1,150 @@
+// The KV cache write and the attention over it (see ops.Batch for which slots a token reads).
+// Cache rows are f16, (capacity, n_kv_heads * head width) per layer; slot_seg (capacity,) is
+// the segment of each written slot, shared by every layer.
+#include "common.cuh"
+
+#define ATTN_WARPS 4
+#define ATTN_MAX_PER_LANE 8  // head widths up to 256, 32 lanes
+
+// Slots start..start+n_tok-1 get the rows of k and v. Grid: one block per token.
+extern "C" __global__ void __launch_bounds__(256)
+kv_store(const float* k, const float* v, __half* k_cache, __half* v_cache, int* slot_seg,
+         const int* seg, int start, int n_tok, int k_width, int v_width) {
+    const int i = blockIdx.x;
+    const size_t slot = (size_t)start + i;
+    for (int c = threadIdx.x; c < k_width; c += blockDim.x)
+        k_cache[slot * k_width + c] = __float2half_rn(k[(size_t)i * k_width + c]);
+    for (int c = threadIdx.x; c < v_width; c += blockDim.x)
+        v_cache[slot * v_width + c] = __float2half_rn(v[(size_t)i * v_width + c]);
+    if (threadIdx.x == 0) slot_seg[slot] = seg[i];
+}
+
+// exp(a - m) for a running maximum m >= a, taking a = -inf (nothing seen yet) to weight 0
+// even when m is -inf too, where a - m would be NaN.
+__device__ __forceinline__ float weight_of(float a, float m) {
+    return a == -INFINITY ? 0.0f : expf(a - m);
+}
+
+// Where the warps of a block merge their partial softmaxes.
+struct AttnMerge {
+    float max[ATTN_WARPS], sum[ATTN_WARPS];
+    float acc[ATTN_WARPS][ATTN_MAX_PER_LANE * WARP];
+};
+
+// One (query token, query head) for a block: see `attention`. nk, nv (head widths / 32) are
+// literals at the common call sites, so the per-lane loops below shrink to them there. STEP
+// slots at a time, so that their loads are in flight together.
+template <int STEP>
+__device__ __forceinline__ void attend(const float* q, const __half* k_cache,
+                                       const __half* v_cache, const int* slot_seg, const int* seg,
+                                       float* out, int start, int n_heads, int n_kv_heads, int nk,
+                                       int nv, float scale, AttnMerge& merge) {
+    const int i = blockIdx.x, h = blockIdx.y;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int dk = nk * WARP, dv = nv * WARP, kv_head = h / (n_heads / n_kv_heads);
+    const size_t k_width = (size_t)n_kv_heads * dk, v_width = (size_t)n_kv_heads * dv;
+
+    // Lane l holds dims l, l+32, ... of q and of the output. Loops run over all
+    // ATTN_MAX_PER_LANE entries without branches: past nk, q is 0 (and K, re-read from a real
+    // dim, finite); past nv, acc is never stored.
+    const float* q_row = q + ((size_t)i * n_heads + h) * dk + lane;
+    float qv[ATTN_MAX_PER_LANE], acc[ATTN_MAX_PER_LANE];
+#pragma unroll
+    for (int e = 0; e < ATTN_MAX_PER_LANE; ++e) {
+        qv[e] = e < nk ? q_row[e * WARP] : 0.0f;
+        acc[e] = 0.0f;
+    }
+
+    const int last = start + i, own_seg = seg[i];
+    const __half* k_head = k_cache + (size_t)kv_head * dk + lane;
+    const __half* v_head = v_cache + (size_t)kv_head * dv + lane;
+    float run_max = -INFINITY, run_sum = 0.0f;
+    for (int j0 = warp * STEP; j0 <= last; j0 += ATTN_WARPS * STEP) {
+        // Every load of the step first and unconditionally, so they are in flight together:
+        // slots past `last` re-read it, unused dims re-read the last one. Then the scores,
+        // with hidden slots at -inf.
+        __half kx[STEP][ATTN_MAX_PER_LANE], vx[STEP][ATTN_MAX_PER_LANE];
+        int slot_s[STEP];
+#pragma unroll
+        for (int u = 0; u < STEP; ++u) {
+            const int j = min(j0 + u, last);
+            slot_s[u] = slot_seg[j];
+#pragma unroll
+            for (int e = 0; e < ATTN_MAX_PER_LANE; ++e) {
+                kx[u][e] = k_head[j * k_width + min(e, nk - 1) * WARP];
+                vx[u][e] = v_head[j * v_width + min(e, nv - 1) * WARP];
+            }
+        }
+        float score[STEP], step_max = run_max;
+#pragma unroll
+        for (int u = 0; u < STEP; ++u) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int e = 0; e < ATTN_MAX_PER_LANE; ++e) dot += qv[e] * __half2float(kx[u][e]);
+            dot = warp_sum(dot) * scale;
+            const bool seen = j0 + u <= last && (slot_s[u] == 0 || slot_s[u] == own_seg);
+            score[u] = seen ? dot : -INFINITY;
+            step_max = fmaxf(step_max, score[u]);
+        }
+        const float rescale = weight_of(run_max, step_max);
+        run_sum *= rescale;
+#pragma unroll
+        for (int e = 0; e < ATTN_MAX_PER_LANE; ++e) acc[e] *= rescale;
+#pragma unroll
+        for (int u = 0; u < STEP; ++u) {
+            const float p = weight_of(score[u], step_max);
+            run_sum += p;
+#pragma unroll
+            for (int e = 0; e < ATTN_MAX_PER_LANE; ++e) acc[e] += p * __half2float(vx[u][e]);
+        }
+        run_max = step_max;
+    }
+
+    if (lane == 0) merge.max[warp] = run_max, merge.sum[warp] = run_sum;
+#pragma unroll
+    for (int e = 0; e < ATTN_MAX_PER_LANE; ++e)
+        if (e < nv) merge.acc[warp][e * WARP + lane] = acc[e];
+    __syncthreads();
+
+    // A warp that saw no slot has max -inf and weighs 0; some warp saw the query's own slot.
+    float m = merge.max[0];
+#pragma unroll
+    for (int w = 1; w < ATTN_WARPS; ++w) m = fmaxf(m, merge.max[w]);
+    float wt[ATTN_WARPS], total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATTN_WARPS; ++w) {
+        wt[w] = weight_of(merge.max[w], m);
+        total += wt[w] * merge.sum[w];
+    }
+    const float inv_total = 1.0f / total;
+    float* out_row = out + ((size_t)i * n_heads + h) * dv;
+    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; ++w) o += wt[w] * merge.acc[w][c];
+        out_row[c] = o * inv_total;
+    }
+}
+
+// softmax(scale * q.k) . v for query token i (cache slot start + i) and query head h, over
+// the slots j <= start + i of segment 0 or seg[i]; query head h reads KV head
+// h / (n_heads / n_kv_heads). Each warp runs an online softmax over its share of the slots
+// (runs of STEP consecutive ones, every ATTN_WARPS-th run), then the warps' results are merged.
+// Grid (n_tok, n_heads), block ATTN_WARPS * 32; dk, dv multiples of 32, at most 256.
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP)
+attention(const float* q, const __half* k_cache, const __half* v_cache, const int* slot_seg,
+          const int* seg, float* out, int start, int n_tok, int n_heads, int n_kv_heads, int dk,
+          int dv, float scale) {
+    __shared__ AttnMerge merge;
+    // The other widths keep all ATTN_MAX_PER_LANE dims a lane, so a shorter step keeps their
+    // registers (which size the whole kernel's) in check.
+    if (dk == 64 && dv == 64)
+        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, start, n_heads, n_kv_heads, 2, 2,
+                  scale, merge);
+    else if (dk == 128 && dv == 128)
+        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, start, n_heads, n_kv_heads, 4, 4,
+                  scale, merge);
+    else
+        attend<2>(q, k_cache, v_cache, slot_seg, seg, out, start, n_heads, n_kv_heads,
+                  dk / WARP, dv / WARP, scale, merge);
+}

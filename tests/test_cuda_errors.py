@@ -1,0 +1,137 @@
+"""What the CUDA backend says when it cannot run: no driver, no GPU, a driver too old, no SASS
+with PTX JIT disabled, a model or a context larger than the GPU's free memory. Each is one line
+on stderr and a non-zero exit. Where no GPU exists they are simulated below the binding: a fake
+libcuda answers the driver calls, so everything above it (Device, CudaOps, engine, CLI) is real."""
+import ctypes
+import ctypes.util
+
+import pytest
+
+from reflex_engine import cli
+from reflex_engine.backends import create_backend
+from reflex_engine.backends.cuda import device as device_module
+from reflex_engine.backends.cuda import driver
+from reflex_engine.backends.cuda.image import ImageChoice
+from reflex_engine.errors import CudaUnavailable, ReflexError
+from test_goldens import paths
+
+MODEL = paths("qwen3", "Q4_K")[0]
+NAMES = {100: b"CUDA_ERROR_NO_DEVICE", 2: b"CUDA_ERROR_OUT_OF_MEMORY"}
+
+
+class FakeLibcuda:
+    """Answers the driver API the way a machine with these properties would."""
+
+    def __init__(self, init_error=0, version=13000, capability=(9, 0), free=80 << 30):
+        self.init_error, self.version, self.capability, self.free = init_error, version, capability, free
+        self.allocated = 0
+
+    def __getattr__(self, name):
+        return lambda *args: 0  # calls whose results these tests don't look at succeed
+
+    def cuInit(self, flags):
+        return self.init_error
+
+    def cuGetErrorName(self, code, out):
+        out._obj.value = NAMES.get(code, b"CUDA_ERROR_UNKNOWN")
+        return 0
+
+    def cuDriverGetVersion(self, out):
+        out._obj.value = self.version
+        return 0
+
+    def cuDeviceGetCount(self, out):
+        out._obj.value = 1
+        return 0
+
+    def cuDeviceGetName(self, buf, size, dev):
+        ctypes.memmove(buf, b"Fake GPU\0", 9)
+        return 0
+
+    def cuDeviceGetAttribute(self, out, attr, dev):
+        out._obj.value = {driver.ATTR_COMPUTE_CAPABILITY_MAJOR: self.capability[0],
+                          driver.ATTR_COMPUTE_CAPABILITY_MINOR: self.capability[1]}.get(attr, 132)
+        return 0
+
+    def cuMemGetInfo_v2(self, free, total):
+        free._obj.value, total._obj.value = self.free, 141 << 30
+        return 0
+
+    def cuMemAlloc_v2(self, ptr, nbytes):
+        self.allocated += nbytes
+        ptr._obj.value = 1 << 40
+        return 0
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    """Install a fake driver and a fake sm_90 kernel image; returns a function to configure them."""
+    image = tmp_path / "sm_90.cubin"
+    image.write_bytes(b"\x7fELF fake")
+
+    def install(kind="sass", min_driver=13000, **machine):
+        lib = FakeLibcuda(**machine)
+        monkeypatch.setattr(driver, "load_library", lambda name="libcuda.so.1": lib)
+        monkeypatch.setattr(device_module, "find_image",
+                            lambda cc: ImageChoice(str(image), kind, "sm_90" if kind == "sass" else "compute_120", min_driver))
+        return lib
+
+    return install
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    err = capsys.readouterr().err.strip().splitlines()
+    return code, err
+
+
+@pytest.mark.skipif(ctypes.util.find_library("cuda") is not None, reason="this machine has an NVIDIA driver")
+def test_no_driver_is_one_line_and_auto_falls_back_to_the_cpu(capsys):
+    code, err = run(capsys, "generate", MODEL, "hi", "--device", "cuda", "-n", "1")
+    assert code == 1 and err == ["reflex: error: no NVIDIA driver on this machine (libcuda.so.1 not found); use --device cpu"]
+    assert create_backend("auto").name == "cpu"
+
+
+def test_a_driver_without_a_gpu(fake, capsys):
+    fake(init_error=100)
+    code, err = run(capsys, "generate", MODEL, "hi", "--device", "cuda", "-n", "1")
+    assert code == 1 and len(err) == 1 and "no CUDA GPU found" in err[0]
+    assert create_backend("auto").name == "cpu"
+
+
+def test_a_driver_too_old_for_the_kernels(fake, capsys):
+    fake(version=12040, min_driver=13000)
+    code, err = run(capsys, "system1", MODEL, "hi", "--candidate", "a", "--device", "cuda")
+    assert code == 1 and err == ["reflex: error: the NVIDIA driver supports CUDA 12.4; these kernels need CUDA 13.0 or newer: update the driver"]
+
+
+def test_only_ptx_for_this_gpu_with_the_jit_disabled(fake, capsys, monkeypatch):
+    fake(kind="ptx", capability=(12, 9))
+    monkeypatch.setenv("CUDA_DISABLE_PTX_JIT", "1")
+    with pytest.raises(CudaUnavailable, match=r"no SASS for Fake GPU \(sm_129\) and PTX JIT is disabled"):
+        create_backend("cuda")
+    code, err = run(capsys, "generate", MODEL, "hi", "--device", "cuda")
+    assert code == 1 and len(err) == 1
+
+
+def test_a_model_larger_than_free_memory_is_refused_before_allocating(fake, capsys):
+    lib = fake(free=1 << 20)
+    code, err = run(capsys, "generate", MODEL, "hi", "--device", "cuda", "-n", "1")
+    assert code == 1 and len(err) == 1
+    assert "of weights plus" in err[0] and "which has 0.00 GB free" in err[0]
+    assert lib.allocated == 0
+
+
+def test_a_context_too_large_for_memory_names_the_cache_and_the_way_out(fake, capsys):
+    lib = fake(free=2 << 30)
+    code, err = run(capsys, "generate", MODEL, "hi", "--device", "cuda", "-c", str(1 << 24))
+    assert code == 1 and len(err) == 1
+    assert f"a {1 << 24}-token context needs a" in err[0] and "pass a smaller --ctx-size" in err[0]
+    assert lib.allocated == 0
+
+
+def test_driver_errors_name_the_call_and_the_result(fake):
+    lib = fake()
+    lib.cuMemAlloc_v2 = lambda ptr, n: 2
+    with pytest.raises(ReflexError, match=r"^CUDA driver call cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY \(2\)$"):
+        driver.Driver(lib).alloc(100)

@@ -1,0 +1,174 @@
+"""Every CUDA op against the numpy backend (the reference proven against transformers), on fresh
+random inputs at several sizes, ragged ones included, with every activation buffer poisoned
+(NaN) before each op so an unwritten element fails the comparison."""
+import numpy as np
+import pytest
+
+from reflex_engine.backends.cpu import CpuOps
+from reflex_engine.gguf import GGML_BLOCK, GGMLType
+from reflex_engine.ops import Batch, CacheShape, Rope, RopeMode
+from reflex_engine.sampling import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+cpu = CpuOps()
+rng = np.random.default_rng()
+KERNEL_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+# byte offsets of each type's f16 scales inside a block: set to finite values so random blocks
+# dequantize to numbers, not NaN/inf
+SCALES = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
+          "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from reflex_engine.backends.cuda import CudaOps
+
+    ops = CudaOps()
+    ops.reserve([(GGMLType.F32, (64 << 20,))], CacheShape(2, 1024, 512, 512), activation_width=1 << 18)
+    return ops
+
+
+def random_weight(qtype: str, n_rows: int, n_cols: int) -> bytes:
+    t = GGMLType[qtype]
+    if qtype in ("F32", "F16"):
+        return rng.standard_normal((n_rows, n_cols)).astype("<f4" if qtype == "F32" else "<f2").tobytes()
+    if qtype == "BF16":
+        return (rng.standard_normal((n_rows, n_cols)).astype("<f4").view("<u4") >> 16).astype("<u2").tobytes()
+    block, size = GGML_BLOCK[t]
+    blocks = rng.integers(0, 256, (n_rows * n_cols // block, size), dtype=np.uint8)
+    for at in SCALES[qtype]:
+        blocks[:, at : at + 2] = (rng.uniform(0.001, 0.05, len(blocks)).astype("<f2")).view(np.uint8).reshape(-1, 2)
+    return blocks.tobytes()
+
+
+def both(gpu, qtype, n_rows, n_cols):
+    data = random_weight(qtype, n_rows, n_cols)
+    t, shape = GGMLType[qtype], (n_cols, n_rows)
+    return cpu.load_weight("w", t, shape, data), gpu.load_weight("w", t, shape, data)
+
+
+def host(gpu, x):
+    gpu.poison()
+    return gpu.from_host(np.ascontiguousarray(x, np.float32))
+
+
+def rel_err(got, ref):
+    assert not np.isnan(got).any(), "unwritten (NaN) elements"
+    return float(np.linalg.norm(got.astype(np.float64) - ref) / np.linalg.norm(ref))
+
+
+@pytest.mark.parametrize("qtype", KERNEL_TYPES)
+@pytest.mark.parametrize("n_tok", [1, 3, 8, 9, 77])
+def test_matmul_matches_dequantized_reference(gpu, qtype, n_tok):
+    block = GGML_BLOCK[GGMLType[qtype]][0]
+    n_cols = 200 if block == 1 else 2 * 256  # ragged rows for the float types
+    for n_rows in (1, 70, 129):
+        w_cpu, w_gpu = both(gpu, qtype, n_rows, n_cols)
+        x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
+        got = gpu.to_host(gpu.matmul(host(gpu, x), w_gpu))
+        # matvec (<= 8 tokens) is float32 throughout; the GEMM rounds operands to f16
+        assert rel_err(got, cpu.matmul(x, w_cpu).astype(np.float64)) < (1e-5 if n_tok <= 8 else 3e-3), (qtype, n_rows)
+
+
+@pytest.mark.parametrize("qtype", KERNEL_TYPES)
+def test_embed_rows_are_the_exact_dequantized_rows(gpu, qtype):
+    n_cols = 96 if GGML_BLOCK[GGMLType[qtype]][0] == 1 else 256
+    w_cpu, w_gpu = both(gpu, qtype, 50, n_cols)
+    ids = [int(i) for i in rng.integers(0, 50, 9)]
+    gpu.poison()
+    np.testing.assert_array_equal(gpu.to_host(gpu.embed(w_gpu, ids)), cpu.embed(w_cpu, ids))
+
+
+@pytest.mark.parametrize("width,d", [(1024, 1024), (576, 576), (12, 4), (2048, 128), (3000, 3000)])
+def test_rms_norm(gpu, width, d):
+    x = rng.standard_normal((5, width)).astype(np.float32) * 3
+    w = rng.standard_normal(d).astype(np.float32)
+    w_gpu = gpu.load_weight("n", GGMLType.F32, (d,), w.tobytes())
+    got = gpu.to_host(gpu.rms_norm(host(gpu, x), w_gpu, 1e-6))
+    np.testing.assert_allclose(got, cpu.rms_norm(x, w, 1e-6), rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [RopeMode.NORM, RopeMode.NEOX])
+@pytest.mark.parametrize("head_dim,n_rot,factors", [(64, 64, False), (128, 128, False), (64, 32, False), (64, 64, True)])
+def test_rope(gpu, mode, head_dim, n_rot, factors):
+    x = rng.standard_normal((6, 3 * head_dim)).astype(np.float32)
+    positions = [0, 1, 2, 37, 300, 4095]
+    rope = Rope(mode, n_rot, 500000.0 if factors else 10000.0, 0.5 if n_rot < head_dim else 1.0)
+    ff = rng.uniform(1, 8, n_rot // 2).astype(np.float32) if factors else None
+    ff_gpu = gpu.load_weight("f", GGMLType.F32, (n_rot // 2,), ff.tobytes()) if factors else None
+    got = gpu.to_host(gpu.rope(host(gpu, x), positions, head_dim, rope, freq_factors=ff_gpu))
+    np.testing.assert_allclose(got, cpu.rope(x, positions, head_dim, rope, freq_factors=ff), rtol=1e-6, atol=1e-6)
+
+
+def test_add_swiglu_take_rows(gpu):
+    a, b = (rng.standard_normal((7, 333)).astype(np.float32) * 20 for _ in range(2))
+    gpu.poison()
+    da, db = gpu.from_host(a), gpu.from_host(b)
+    np.testing.assert_array_equal(gpu.to_host(gpu.add(da, db)), cpu.add(a, b))
+    np.testing.assert_allclose(gpu.to_host(gpu.swiglu(da, db)), cpu.swiglu(a, b), rtol=1e-6, atol=1e-6)
+    rows = [6, 0, 3, 3]
+    np.testing.assert_array_equal(gpu.to_host(gpu.take_rows(da, rows)), cpu.take_rows(a, rows))
+
+
+def f16_rounded(x):
+    return x.astype(np.float16).astype(np.float32)
+
+
+@pytest.mark.parametrize("n_heads,n_kv,d", [(4, 2, 64), (2, 1, 128), (16, 8, 128), (9, 3, 64)])
+@pytest.mark.parametrize("segments", ["causal", "system1"])
+def test_attention_prefill_then_decode(gpu, n_heads, n_kv, d, segments):
+    """A prompt, then decode steps into the same cache. K and V are f16 in the CUDA cache, so
+    the reference gets the same rounded values; what remains is float32 summation order."""
+    t = 37
+    seg = [0] * t if segments == "causal" else [0] * 20 + [1] * 7 + [2] * 4 + [3] * 6
+    shape = CacheShape(1, 64, n_kv * d, n_kv * d)
+    c_cpu, c_gpu = cpu.new_kv_cache(shape), gpu.new_kv_cache(shape)
+    q, k, v = (rng.standard_normal((t + 3, w)).astype(np.float32) for w in (n_heads * d, n_kv * d, n_kv * d))
+    k, v = f16_rounded(k), f16_rounded(v)
+    kw = dict(layer=0, n_heads=n_heads, n_kv_heads=n_kv, scale=d**-0.5)
+    steps = [(0, t, Batch(range(t), range(t), seg, 0))] + [(i, i + 1, Batch.causal([0], i)) for i in range(t, t + 3)]
+    for a, b, batch in steps:
+        ref = cpu.attention(q[a:b], k[a:b], v[a:b], cache=c_cpu, batch=batch, **kw)
+        gpu.poison()
+        dq, dk, dv = (gpu.from_host(np.ascontiguousarray(m[a:b])) for m in (q, k, v))
+        got = gpu.to_host(gpu.attention(dq, dk, dv, cache=c_gpu, batch=batch, **kw))
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("vocab", [1000, 151936])
+def test_greedy_with_penalties_and_token_logprobs(gpu, vocab):
+    logits = rng.standard_normal((3, vocab)).astype(np.float32) * 4
+    logits[2, 17] = logits[2, 900] = logits[2].max() + 1  # a tie: the lower id wins
+    history = [int(i) for i in rng.integers(0, vocab, 40)] + [17]
+    for params in (SamplingParams(temperature=0), SamplingParams(temperature=0, repeat_penalty=1.3, presence_penalty=0.5)):
+        want = cpu.new_sampler(params)(logits, history)
+        assert gpu.new_sampler(params)(host(gpu, logits), history) == want
+    pairs = [(0, 5), (2, 17), (1, vocab - 1), (0, 5)]
+    got = gpu.token_logprobs(host(gpu, logits), pairs)
+    np.testing.assert_allclose(got, cpu.token_logprobs(logits, pairs), rtol=1e-9, atol=1e-6)
+
+
+@pytest.mark.parametrize("params", [dict(top_k=40, top_p=0.95, min_p=0.05), dict(top_k=1), dict(top_k=256, top_p=1.0, min_p=0.0),
+                                    dict(top_k=0, top_p=0.9, min_p=0.0), dict(top_k=0, top_p=1.0, min_p=0.0),
+                                    dict(top_k=7, top_p=0.5, min_p=0.2, temperature=0.3)])
+def test_sampling_distribution_matches_the_cpu_sampler(gpu, params):
+    from reflex_engine.backends.cpu.sampler import Sampler
+
+    p = SamplingParams(**{"temperature": 0.8, **params})
+    logits = (rng.standard_normal((1, 5000)) * 3).astype(np.float32)
+    logits[0, 10:20] = logits[0].max()  # ties at the top
+    ids, probs = gpu.new_sampler(p).distribution(host(gpu, logits).row(0), 5000)
+    want_ids, want_probs = Sampler(p).distribution(logits[0], [])
+    assert ids == want_ids.tolist()
+    np.testing.assert_allclose(probs, want_probs, rtol=1e-5, atol=1e-9)
+
+
+def test_top_k_kernel_against_stable_argsort(gpu):
+    from reflex_engine.backends.cuda.sampler import CudaSampler
+
+    for n, k in ((256, 256), (1000, 1), (151936, 256), (70000, 40)):
+        x = rng.standard_normal((1, n)).astype(np.float32)
+        x[0, rng.integers(0, n, 50)] = x.max()  # many ties at the top
+        ids, probs = CudaSampler(gpu, SamplingParams(temperature=1.0, top_k=k, top_p=1.0, min_p=0.0)).distribution(host(gpu, x).row(0), n)
+        assert ids == np.argsort(-x[0], kind="stable")[:k].tolist()
