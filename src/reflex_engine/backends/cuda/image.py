@@ -3,7 +3,8 @@
 The image holds one cubin per architecture (sm_XY.cubin) and the PTX of the newest one
 (compute_XY.ptx). A cubin runs on GPUs of its major architecture whose minor is at least its own,
 so a GPU takes the cubin of its major with the highest minor <= its own; only where none exists
-does it take the PTX, which the driver JIT-compiles (~100 ms once) for any GPU at least as new.
+does it take the PTX, which the driver JIT-compiles for any GPU at least as new (slow the first
+time; the driver caches the result).
 manifest.json is written last by the build, so an image without one is incomplete and not used.
 Standard library only: this runs on the cold path.
 """
@@ -16,20 +17,22 @@ from typing import NamedTuple
 
 from ...errors import CudaUnavailable
 
-IMAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "cuda_image")
-REINSTALL = "reinstall with nvcc or nvidia-cuda-nvrtc-cu12 available (REFLEX_CUDA=1 makes a build without kernels fail)"
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+IMAGE_DIR = os.path.join(PACKAGE_DIR, "cuda_image")
+REINSTALL = ("reinstall with nvcc or nvidia-cuda-nvrtc-cu12 available "
+             "(REFLEX_CUDA=1 makes a build without kernels fail)")
 
 
 class ImageChoice(NamedTuple):
     path: str
     kind: str  # "sass" (a cubin: loads as is) or "ptx" (JIT-compiled by the driver)
     arch: str  # "sm_86", "compute_120"
-    min_driver_cuda: int | None = None  # oldest driver that loads it, as cuDriverGetVersion says (12000 = 12.0)
+    min_driver_cuda: int | None = None  # oldest driver that loads it, in cuDriverGetVersion's terms (12000)
 
 
-def arch_capability(arch: str) -> tuple[int, int]:
+def capability(file: dict) -> tuple[int, int]:
     """"sm_86" -> (8, 6), "compute_120" -> (12, 0): the last digit is the minor."""
-    digits = arch.split("_", 1)[1]
+    digits = file["arch"].split("_", 1)[1]
     return int(digits[:-1]), int(digits[-1])
 
 
@@ -45,23 +48,19 @@ def read_manifest(image_dir: str) -> tuple[list[dict], str | None]:
     return files, manifest.get("narrowed_by")
 
 
-def choose(files: list[dict], compute_capability: tuple[int, int]) -> dict | None:
-    major, minor = compute_capability
-    sass = [f for f in files if f["kind"] == "sass" and arch_capability(f["arch"])[0] == major
-            and arch_capability(f["arch"])[1] <= minor]
-    if sass:
-        return max(sass, key=lambda f: arch_capability(f["arch"]))
-    ptx = [f for f in files if f["kind"] == "ptx" and arch_capability(f["arch"]) <= (major, minor)]
-    return max(ptx, key=lambda f: arch_capability(f["arch"])) if ptx else None
+def choose(files: list[dict], device: tuple[int, int]) -> dict | None:
+    sass = [f for f in files if f["kind"] == "sass" and capability(f)[0] == device[0] and capability(f) <= device]
+    ptx = [f for f in files if f["kind"] == "ptx" and capability(f) <= device]
+    return max(sass or ptx, key=capability, default=None)
 
 
 def find_image(compute_capability: tuple[int, int], image_dir: str = IMAGE_DIR) -> ImageChoice:
     files, narrowed_by = read_manifest(image_dir)
     if not files:
-        raise CudaUnavailable(f"this install has no CUDA kernels: it was built without a CUDA compiler; {REINSTALL}")
+        raise CudaUnavailable("this install has no CUDA kernels: it was built without a CUDA compiler; " + REINSTALL)
     chosen = choose(files, compute_capability)
     if chosen is None:
-        have = ", ".join(f["arch"] for f in sorted(files, key=lambda f: (f["kind"] == "ptx", arch_capability(f["arch"]))))
+        have = ", ".join(f["arch"] for f in sorted(files, key=lambda f: (f["kind"] == "ptx", capability(f))))
         narrowed = f"; it was built with REFLEX_CUDA_ARCH={narrowed_by}" if narrowed_by else ""
         raise CudaUnavailable(f"this install has no CUDA kernels for compute capability "
                               f"{compute_capability[0]}.{compute_capability[1]} (it has {have}{narrowed})")
