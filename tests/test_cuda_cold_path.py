@@ -31,7 +31,7 @@ def test_generate_on_cuda_reaches_its_tokens_without_numpy():
                   f"code = cli.main(['generate', {paths('qwen3', 'Q4_K')[0]!r}, 'Hello', '--device', 'cuda', '-n', '4', '--temp', '0'])\n"
                   "print('numpy' in sys.modules, code)")
     assert proc.returncode == 0, proc.stderr
-    assert "device=cuda" in proc.stdout
+    assert 'device="cuda"' in proc.stdout
     assert proc.stdout.rstrip().split("\n")[-1] == "False 0"
 
 

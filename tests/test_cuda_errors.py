@@ -135,3 +135,13 @@ def test_driver_errors_name_the_call_and_the_result(fake):
     lib.cuMemAlloc_v2 = lambda ptr, n: 2
     with pytest.raises(ReflexError, match=r"^CUDA driver call cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY \(2\)$"):
         driver.Driver(lib).alloc(100)
+
+
+def test_an_install_without_kernels(fake, capsys, monkeypatch, tmp_path):
+    from reflex_engine.backends.cuda import image
+
+    fake()
+    monkeypatch.setattr(device_module, "find_image", lambda cc: image.find_image(cc, str(tmp_path / "no-image")))
+    code, err = run(capsys, "generate", MODEL, "hi", "--device", "cuda")
+    assert code == 1 and len(err) == 1 and "this install has no CUDA kernels" in err[0]
+    assert create_backend("auto").name == "cpu"

@@ -62,7 +62,7 @@ done
 
 if ls /tmp/smollm2/*.part* >/dev/null 2>&1 || ls .smollm2/*.part* >/dev/null 2>&1; then
     mkdir -p /tmp/smollm2 && cp .smollm2/*.part* /tmp/smollm2/ 2>/dev/null
-    if [ "$(ls /tmp/smollm2/*.part* | wc -l)" = "${SMOLLM2_PARTS:-3}" ]; then
+    if [ "$(ls /tmp/smollm2/*.part* | wc -l)" = "${SMOLLM2_PARTS:-4}" ]; then
         cat /tmp/smollm2/*.part* > /tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
         sha256sum /tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
         m=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
