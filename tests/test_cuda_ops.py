@@ -172,3 +172,26 @@ def test_top_k_kernel_against_stable_argsort(gpu):
         x[0, rng.integers(0, n, 50)] = x.max()  # many ties at the top
         ids, probs = CudaSampler(gpu, SamplingParams(temperature=1.0, top_k=k, top_p=1.0, min_p=0.0)).distribution(host(gpu, x).row(0), n)
         assert ids == np.argsort(-x[0], kind="stable")[:k].tolist()
+
+
+@pytest.mark.parametrize("qtype,scale_at", [("IQ4_NL", 0), ("TQ2_0", 64), ("IQ4_XS", 0)])
+def test_types_without_kernels_become_f16_at_load(gpu, qtype, scale_at):
+    """No kernel reads these blocks: the weight is dequantized once at load and stored as F16."""
+    block, size = GGML_BLOCK[GGMLType[qtype]]
+    blocks = rng.integers(0, 256, (70 * 512 // block, size), dtype=np.uint8)
+    blocks[:, scale_at : scale_at + 2] = rng.uniform(0.001, 0.01, len(blocks)).astype("<f2").view(np.uint8).reshape(-1, 2)
+    t, shape = GGMLType[qtype], (512, 70)
+    w_cpu, w_gpu = cpu.load_weight("w", t, shape, blocks.tobytes()), gpu.load_weight("w", t, shape, blocks.tobytes())
+    assert w_gpu.ggml_type == GGMLType.F16
+    x = rng.standard_normal((2, 512)).astype(np.float32)
+    # the only difference from the reference is the f16 rounding of each weight
+    ref = x.astype(np.float64) @ w_cpu.astype(np.float16).astype(np.float64).T
+    assert rel_err(gpu.to_host(gpu.matmul(host(gpu, x), w_gpu)), ref) < 1e-5
+
+
+def test_norm_weights_stored_as_f16_are_widened_to_f32(gpu):
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    w = rng.standard_normal(256).astype(np.float16)
+    w_gpu = gpu.load_weight("n", GGMLType.F16, (256,), w.tobytes())
+    np.testing.assert_allclose(gpu.to_host(gpu.rms_norm(host(gpu, x), w_gpu, 1e-5)), cpu.rms_norm(x, w.astype(np.float32), 1e-5),
+                               rtol=2e-6, atol=1e-6)

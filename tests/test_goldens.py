@@ -11,6 +11,7 @@ import pytest
 import reflex_engine
 from reflex_engine.check import TOLERANCE, check_against_reference
 from reflex_engine.gguf import GGUFFile
+from reflex_engine.sampling import SamplingParams
 from reflex_engine.tokenizer import Tokenizer
 from model_files import run_cli
 
@@ -86,3 +87,27 @@ def test_generate_and_system1_run_on_a_tiny_model_with_chat_template():
     assert s1.returncode == 0, s1.stderr
     lines = s1.stdout.rstrip().split("\n")
     assert [line.split()[0] for line in lines] == ["REFLEX_SYSTEM1_CANDIDATE_OK"] * 2 + ["REFLEX_SYSTEM1_OK"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batches_longer_than_a_pass_run_as_several_passes_over_one_cache(device):
+    """Passes of 5 tokens (the engine splits what exceeds ops.max_batch) give the logits, the
+    system1 scores and the greedy tokens of one pass, within the device's tolerance."""
+    model_path, golden_path = paths("llama3", "F32")
+    model = reflex_engine.load(model_path, device=device)
+    with np.load(golden_path) as z:
+        ids = z["prompt_5"].tolist()  # 160 tokens
+    whole = model.logits(ids)
+    candidates = [" a b c d e f g", " hello there", " x"]
+    s1_whole = model.system1(ids[:40], candidates)
+    gen_whole = model.generate(ids[:30], max_tokens=12, sampling=SamplingParams(temperature=0), ignore_eos=True)
+    list(gen_whole)
+    model.ops.max_batch = 5
+    split = model.logits(ids)
+    assert np.abs(split - whole).max() <= TOLERANCE[device] * np.ptp(whole)
+    s1_split = model.system1(ids[:40], candidates)
+    np.testing.assert_allclose([c.score for c in s1_split.candidates], [c.score for c in s1_whole.candidates],
+                               rtol=TOLERANCE[device], atol=TOLERANCE[device])
+    gen_split = model.generate(ids[:30], max_tokens=12, sampling=SamplingParams(temperature=0), ignore_eos=True)
+    list(gen_split)
+    assert gen_split.tokens == gen_whole.tokens

@@ -39,7 +39,7 @@ class CpuOps:
         return table[np.asarray(tokens, dtype=np.int64)]
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-        groups = x.reshape(x.shape[0], -1, weight.shape[0])
+        groups = x.reshape(x.shape[0], x.shape[1] // weight.shape[0], weight.shape[0])  # also for 0 rows
         mean_sq = np.mean(groups * groups, axis=-1, keepdims=True)
         return (groups / np.sqrt(mean_sq + np.float32(eps)) * weight).reshape(x.shape)
 
