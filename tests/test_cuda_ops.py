@@ -25,7 +25,7 @@ def gpu():
     from reflex_engine.backends.cuda import CudaOps
 
     ops = CudaOps()
-    ops.reserve([(GGMLType.F32, (64 << 20,))], CacheShape(2, 1024, 512, 512), activation_width=1 << 18)
+    ops.reserve([(GGMLType.F32, (64 << 20,))], CacheShape(2, 4096, 1024, 1024), activation_width=1 << 18)
     return ops
 
 
@@ -115,14 +115,15 @@ def f16_rounded(x):
     return x.astype(np.float16).astype(np.float32)
 
 
-@pytest.mark.parametrize("n_heads,n_kv,d", [(4, 2, 64), (2, 1, 128), (16, 8, 128), (9, 3, 64)])
+@pytest.mark.parametrize("n_heads,n_kv,d", [(4, 2, 64), (2, 1, 128), (16, 8, 128), (9, 3, 64), (4, 4, 96)])
 @pytest.mark.parametrize("segments", ["causal", "system1"])
-def test_attention_prefill_then_decode(gpu, n_heads, n_kv, d, segments):
+@pytest.mark.parametrize("t", [37, 150])  # below and above the tiled prefill kernel's threshold
+def test_attention_prefill_then_decode(gpu, n_heads, n_kv, d, segments, t):
     """A prompt, then decode steps into the same cache. K and V are f16 in the CUDA cache, so
     the reference gets the same rounded values; what remains is float32 summation order."""
-    t = 37
-    seg = [0] * t if segments == "causal" else [0] * 20 + [1] * 7 + [2] * 4 + [3] * 6
-    shape = CacheShape(1, 64, n_kv * d, n_kv * d)
+    n_prompt = 2 * t // 3
+    seg = [0] * t if segments == "causal" else [0] * n_prompt + [1 + (i // 7) for i in range(t - n_prompt)]
+    shape = CacheShape(1, 160, n_kv * d, n_kv * d)
     c_cpu, c_gpu = cpu.new_kv_cache(shape), gpu.new_kv_cache(shape)
     q, k, v = (rng.standard_normal((t + 3, w)).astype(np.float32) for w in (n_heads * d, n_kv * d, n_kv * d))
     k, v = f16_rounded(k), f16_rounded(v)

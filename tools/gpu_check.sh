@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build (or take the carried kernel image), smoke, the GPU tests,
 # `reflex check --device cuda` on every golden fixture, SmolLM2 on CUDA, and with BENCH=1 decode
-# and prefill timings next to llama.cpp's llama-bench on the same file. Results under $OUT.
+# and prefill timings next to llama.cpp's llama-bench on the same file (BENCH=reflex: ours only,
+# no llama.cpp build). Results under $OUT.
 # Carried (ignored) paths it uses when present:
 #   .whl/                         wheels missing there (gguf, for the fixtures)
 #   src/reflex_engine/cuda_image  kernels compiled here (REFLEX_CUDA_ARCH=sm_90), else built there
@@ -24,7 +25,7 @@ if [ "${BENCH:-0}" = 1 ] && ls .peers/llama.cpp-*.tar.xz >/dev/null 2>&1; then
            -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
            -DGGML_CCACHE=OFF -DLLAMA_BUILD_COMMIT=0c1e57098 \
-      && ninja -C /tmp/peer/build -j12 llama-bench ) > "$OUT/llama-build.log" 2>&1 &
+      && ninja -C /tmp/peer/build -j16 llama-bench ) > "$OUT/llama-build.log" 2>&1 &
     PEER=$!
 fi
 
@@ -76,12 +77,12 @@ if ls /tmp/smollm2/*.part* >/dev/null 2>&1 || ls .smollm2/*.part* >/dev/null 2>&
     fi
 fi
 
-if [ "${BENCH:-0}" = 1 ]; then
+if [ "${BENCH:-0}" != 0 ]; then
     tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
     python3 tools/make_bench_model.py /tmp/peer-vocab.gguf /tmp/qwen3-0.6b-q4km.gguf 2>&1 | tail -2
+    [ -n "${PEER:-}" ] && { wait "$PEER" || tail -20 "$OUT/llama-build.log"; }  # no compile beside the timings
     python3 tools/bench_gpu.py /tmp/qwen3-0.6b-q4km.gguf 2>&1 | tee "$OUT/bench.txt"
     if [ -n "${PEER:-}" ]; then
-        wait "$PEER" || tail -20 "$OUT/llama-build.log"
         /tmp/peer/build/bin/llama-bench -m /tmp/qwen3-0.6b-q4km.gguf -ngl 99 -p 16,1024 -n 64 -r 5 2>&1 | tee -a "$OUT/bench.txt"
     fi
 fi

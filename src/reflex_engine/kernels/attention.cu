@@ -148,3 +148,123 @@ attention(const float* q, const __half* k_cache, const __half* v_cache, const in
         attend<2>(q, k_cache, v_cache, slot_seg, seg, out, start, n_heads, n_kv_heads,
                   dk / WARP, dv / WARP, scale, merge);
 }
+
+// Prefill: ATTN_QT queries of one head per block share each tile of ATTN_KT cache slots, which
+// is read from global memory once per block instead of once per query. Lane l scores slot
+// j0 + l of the tile for one query at a time; the warp's online softmax then folds the tile's
+// probabilities (staged in shared memory) into its queries' accumulators, lane l holding output
+// dims l, l+32, ...
+#define ATTN_QT 16
+#define ATTN_KT 32
+#define ATTN_QPW (ATTN_QT / ATTN_WARPS)  // queries per warp
+
+template <int DK, int DV>
+struct TiledSmem {
+    float2 q[ATTN_QT][DK / 2];
+    __half2 k[ATTN_KT][DK / 2 + 1];  // odd row stride in words: lane l's row starts in bank l
+    __half v[ATTN_KT][DV];
+    float p[ATTN_WARPS][ATTN_KT];
+    int seg[ATTN_KT];
+};
+
+template <int DK, int DV>
+__device__ __forceinline__ void attend_tiled(const float* q, const __half* k_cache, const __half* v_cache,
+                                             const int* slot_seg, const int* seg, float* out, int start,
+                                             int n_tok, int n_heads, int n_kv_heads, float scale,
+                                             TiledSmem<DK, DV>& sm) {
+    const int q0 = blockIdx.x * ATTN_QT, h = blockIdx.y, kv_head = h / (n_heads / n_kv_heads);
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_q = min(ATTN_QT, n_tok - q0);
+    const int last_slot = start + q0 + n_q - 1;  // the block's last query reads up to here
+    const size_t k_width = (size_t)n_kv_heads * DK, v_width = (size_t)n_kv_heads * DV;
+
+    for (int idx = threadIdx.x; idx < ATTN_QT * DK / 2; idx += blockDim.x) {
+        const int r = idx / (DK / 2), c = idx % (DK / 2);
+        const float* row = q + ((size_t)(q0 + r) * n_heads + h) * DK;
+        sm.q[r][c] = r < n_q ? make_float2(row[2 * c], row[2 * c + 1]) : make_float2(0.0f, 0.0f);
+    }
+    float run_max[ATTN_QPW], run_sum[ATTN_QPW], acc[ATTN_QPW][DV / WARP];
+    int own_seg[ATTN_QPW];
+#pragma unroll
+    for (int a = 0; a < ATTN_QPW; ++a) {
+        const int r = warp * ATTN_QPW + a;
+        run_max[a] = -INFINITY, run_sum[a] = 0.0f, own_seg[a] = r < n_q ? seg[q0 + r] : 0;
+#pragma unroll
+        for (int e = 0; e < DV / WARP; ++e) acc[a][e] = 0.0f;
+    }
+
+    for (int j0 = 0; j0 <= last_slot; j0 += ATTN_KT) {
+        __syncthreads();  // the previous tile is consumed (and, the first time, q is staged)
+        for (int idx = threadIdx.x; idx < ATTN_KT * DK / 2; idx += blockDim.x) {
+            const int j = idx / (DK / 2), c = idx % (DK / 2), slot = j0 + j;
+            sm.k[j][c] = slot <= last_slot
+                ? reinterpret_cast<const __half2*>(k_cache + slot * k_width + (size_t)kv_head * DK)[c]
+                : __float2half2_rn(0.0f);
+        }
+        for (int idx = threadIdx.x; idx < ATTN_KT * DV / 2; idx += blockDim.x) {
+            const int j = idx / (DV / 2), c = idx % (DV / 2), slot = j0 + j;
+            reinterpret_cast<__half2*>(sm.v[j])[c] = slot <= last_slot
+                ? reinterpret_cast<const __half2*>(v_cache + slot * v_width + (size_t)kv_head * DV)[c]
+                : __float2half2_rn(0.0f);
+        }
+        if (threadIdx.x < ATTN_KT) sm.seg[threadIdx.x] = j0 + (int)threadIdx.x <= last_slot ? slot_seg[j0 + threadIdx.x] : -1;
+        __syncthreads();
+
+        const int slot = j0 + lane, slot_s = sm.seg[lane];
+#pragma unroll
+        for (int a = 0; a < ATTN_QPW; ++a) {
+            const int r = warp * ATTN_QPW + a;
+            if (r >= n_q) break;  // the same for the whole warp
+            float s = -INFINITY;
+            if (slot <= start + q0 + r && (slot_s == 0 || slot_s == own_seg[a])) {
+                float dot = 0.0f;
+#pragma unroll 8
+                for (int c = 0; c < DK / 2; ++c) {
+                    const float2 kf = __half22float2(sm.k[lane][c]), qf = sm.q[r][c];
+                    dot += qf.x * kf.x + qf.y * kf.y;
+                }
+                s = dot * scale;
+            }
+            const float new_max = fmaxf(run_max[a], warp_max(s));
+            const float p = weight_of(s, new_max), rescale = weight_of(run_max[a], new_max);
+            run_sum[a] = run_sum[a] * rescale + warp_sum(p);
+            run_max[a] = new_max;
+            sm.p[warp][lane] = p;
+            __syncwarp();
+#pragma unroll
+            for (int e = 0; e < DV / WARP; ++e) acc[a][e] *= rescale;
+#pragma unroll 4
+            for (int j = 0; j < ATTN_KT; ++j) {
+                const float pj = sm.p[warp][j];
+#pragma unroll
+                for (int e = 0; e < DV / WARP; ++e) acc[a][e] += pj * __half2float(sm.v[j][e * WARP + lane]);
+            }
+            __syncwarp();  // sm.p is rewritten by the next query
+        }
+    }
+
+#pragma unroll
+    for (int a = 0; a < ATTN_QPW; ++a) {
+        const int r = warp * ATTN_QPW + a;
+        if (r >= n_q) break;
+        float* row = out + ((size_t)(q0 + r) * n_heads + h) * DV;
+        const float inv = 1.0f / run_sum[a];  // > 0: a query always sees its own slot
+#pragma unroll
+        for (int e = 0; e < DV / WARP; ++e) row[e * WARP + lane] = acc[a][e] * inv;
+    }
+}
+
+// The same function as `attention`, for head widths dk = dv = 64 or 128 (other widths: use
+// `attention`). Grid (ceil(n_tok / ATTN_QT), n_heads), block ATTN_WARPS * 32.
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP)
+attention_tiled(const float* q, const __half* k_cache, const __half* v_cache, const int* slot_seg,
+                const int* seg, float* out, int start, int n_tok, int n_heads, int n_kv_heads, int dk,
+                int dv, float scale) {
+    // one buffer for both widths: separate __shared__ variables would each take their room
+    __shared__ __align__(16) unsigned char smem[sizeof(TiledSmem<128, 128>)];
+    if (dk == 64 && dv == 64)
+        attend_tiled<64, 64>(q, k_cache, v_cache, slot_seg, seg, out, start, n_tok, n_heads, n_kv_heads, scale,
+                             *reinterpret_cast<TiledSmem<64, 64>*>(smem));
+    else if (dk == 128 && dv == 128)
+        attend_tiled<128, 128>(q, k_cache, v_cache, slot_seg, seg, out, start, n_tok, n_heads, n_kv_heads, scale,
+                               *reinterpret_cast<TiledSmem<128, 128>*>(smem));
+}

@@ -1,4 +1,4 @@
-// Shared by every kernel file: warp reductions and the f16 types. Kernels take activations as
+// Shared by every kernel file: warp and block reductions, and the f16 types. Kernels take activations as
 // row-major float32 (T, features) and weights as the GGUF's raw blocks (const uint8_t*).
 #pragma once
 #include <cuda_fp16.h>
@@ -6,26 +6,35 @@
 
 #define WARP 32
 
-__device__ __forceinline__ float warp_sum(float v) {
+struct Sum {
+    template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct Max {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Every lane gets op over the warp's 32 values.
+template <class T, class Op>
+__device__ __forceinline__ T warp_reduce(T v, Op op) {
 #pragma unroll
-    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = WARP / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets it.
-__device__ __forceinline__ float block_sum(float v) {
-    __shared__ float partial[32];
+// Every thread gets op over a block of blockDim.x threads (a multiple of 32, at most 1024);
+// every thread must call it.
+template <class T, class Op>
+__device__ __forceinline__ T block_reduce(T v, T identity, Op op) {
+    __shared__ T partial[32];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
-    v = warp_sum(v);
+    v = warp_reduce(v, op);
     __syncthreads();  // partial may still be read by a previous call
     if (lane == 0) partial[warp] = v;
     __syncthreads();
-    v = lane < n_warps ? partial[lane] : 0.0f;
-    return warp_sum(v);
+    return warp_reduce(lane < n_warps ? partial[lane] : identity, op);
 }
+
+template <class T> __device__ __forceinline__ T warp_sum(T v) { return warp_reduce(v, Sum()); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce(v, Max()); }
+template <class T> __device__ __forceinline__ T block_sum(T v) { return block_reduce(v, T(0), Sum()); }
+__device__ __forceinline__ float block_max(float v) { return block_reduce(v, -INFINITY, Max()); }

@@ -322,8 +322,10 @@ struct block_q3_K {
 };
 static_assert(sizeof(block_q3_K) == 110, "block_q3_K");
 
-// ggml's get_scale_min_k4: the 6-bit (scale, min) of sub-chunk j of Q4_K/Q5_K.
-__host__ __device__ __forceinline__ void scale_min_k4(const uint8_t* s, int j, int& sc, int& m) {
+// ggml's get_scale_min_k4, applied: sub-chunk j of Q4_K/Q5_K has scale d·sc and offset dmin·m,
+// its 6-bit (sc, m) packed in the 12 scale bytes.
+__host__ __device__ __forceinline__ void scale_min_k4(half d, half dmin, const uint8_t* s, int j, float& dl, float& ml) {
+    int sc, m;
     if (j < 4) {
         sc = s[j] & 63;
         m = s[j + 4] & 63;
@@ -331,6 +333,8 @@ __host__ __device__ __forceinline__ void scale_min_k4(const uint8_t* s, int j, i
         sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
         m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
     }
+    dl = mul_rn(__half2float(d), (float)sc);
+    ml = mul_rn(__half2float(dmin), (float)m);
 }
 
 struct alignas(16) block_q4_K {
@@ -342,9 +346,8 @@ struct alignas(16) block_q4_K {
     __host__ __device__ static void chunk(const uint8_t* row, int c, int, float v[32]) {
         const block_q4_K& b = reinterpret_cast<const block_q4_K*>(row)[c / 8];
         const int s = c % 8;
-        int sc, m;
-        scale_min_k4(b.scales, s, sc, m);
-        const float dl = mul_rn(__half2float(b.d), (float)sc), ml = mul_rn(__half2float(b.dmin), (float)m);
+        float dl, ml;
+        scale_min_k4(b.d, b.dmin, b.scales, s, dl, ml);
         uint32_t q[8];
         load_words<16>(b.qs + 32 * (s / 2), q);
         const int shift = 4 * (s % 2);
@@ -364,9 +367,8 @@ struct alignas(16) block_q5_K {
     __host__ __device__ static void chunk(const uint8_t* row, int c, int, float v[32]) {
         const block_q5_K& b = reinterpret_cast<const block_q5_K*>(row)[c / 8];
         const int s = c % 8;
-        int sc, m;
-        scale_min_k4(b.scales, s, sc, m);
-        const float dl = mul_rn(__half2float(b.d), (float)sc), ml = mul_rn(__half2float(b.dmin), (float)m);
+        float dl, ml;
+        scale_min_k4(b.d, b.dmin, b.scales, s, dl, ml);
         uint32_t q[8], h[8];
         load_words<16>(b.qs + 32 * (s / 2), q);
         load_words<16>(b.qh, h);

@@ -5,34 +5,6 @@
 #include <climits>
 #include "common.cuh"
 
-__device__ __forceinline__ float block_max(float v) {
-    __shared__ float partial[32];
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
-    v = warp_max(v);
-    __syncthreads();  // partial may still be read by a previous call
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    v = lane < n_warps ? partial[lane] : -INFINITY;
-    return warp_max(v);
-}
-
-__device__ __forceinline__ double warp_sum_f64(double v) {
-#pragma unroll
-    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ __forceinline__ double block_sum_f64(double v) {
-    __shared__ double partial[32];
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
-    v = warp_sum_f64(v);
-    __syncthreads();
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    v = lane < n_warps ? partial[lane] : 0.0;
-    return warp_sum_f64(v);
-}
-
 // (value, index) pairs ordered as numpy's argmax: larger value first, then lower index.
 __device__ __forceinline__ bool argmax_better(float v, int i, float best_v, int best_i) {
     return v > best_v || (v == best_v && i < best_i);

@@ -185,7 +185,7 @@ row_logsumexp(const float* x, int n_cols, double* out) {
     double s = 0.0;
     // Fewer loads ahead here: double exp's registers would spill at 1024 threads.
     for_each_strided<4>(row, n_cols, [&](int, float v) { s += exp((double)v - (double)m); });
-    s = block_sum_f64(s);
+    s = block_sum(s);
     if (threadIdx.x == 0) out[blockIdx.x] = (double)m + log(s);
 }
 

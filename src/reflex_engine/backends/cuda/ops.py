@@ -21,6 +21,7 @@ KERNEL_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLTy
 MATVEC_MAX_TOKENS = 8  # kernels/matvec.cu: up to 8 tokens share one pass over the weights
 MAX_BATCH = 512  # tokens per forward pass; the engine splits longer batches
 TOP_K_MAX = 256  # kernels/sampling.cu top_k
+TILED_ATTENTION_MIN_TOKENS = 64  # below this, 16 queries a block leave the GPU too few blocks
 
 
 def kernel_suffix(t: GGMLType) -> str:
@@ -225,9 +226,12 @@ class CudaOps:
                                            PTR(cache.segments), PTR(self._segments), INT(batch.start), INT(t),
                                            INT(k.cols), INT(v.cols)))
         out = self._new(t, n_heads * dv)
-        dev.launch("attention", (t, n_heads), 128, (PTR(q.ptr), PTR(cache.k[layer]), PTR(cache.v[layer]), PTR(cache.segments),
-                                                   PTR(self._segments), PTR(out.ptr), INT(batch.start), INT(t), INT(n_heads),
-                                                   INT(n_kv_heads), INT(dk), INT(dv), F32(scale)))
+        args = (PTR(q.ptr), PTR(cache.k[layer]), PTR(cache.v[layer]), PTR(cache.segments), PTR(self._segments),
+                PTR(out.ptr), INT(batch.start), INT(t), INT(n_heads), INT(n_kv_heads), INT(dk), INT(dv), F32(scale))
+        if t >= TILED_ATTENTION_MIN_TOKENS and dk == dv and dk in (64, 128):
+            dev.launch("attention_tiled", (-(-t // 16), n_heads), 128, args)
+        else:  # decode and short batches: a block per (query, head) spreads the slots over its warps
+            dev.launch("attention", (t, n_heads), 128, args)
         return out
 
     def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:
