@@ -139,3 +139,18 @@ def test_check_with_an_incomplete_reference(tmp_path):
     np.savez(bad, greedy_prompt_0=np.array([1], np.int32))
     assert_one_line_error(run_cli("check", GOLDEN_QWEN3, "--reference", bad), "holds no prompt_")
     assert_one_line_error(run_cli("check", GOLDEN_QWEN3, "--reference", str(tmp_path / "absent.npz")), "cannot read reference")
+
+
+def test_result_lines_carry_the_original_reflex_field_names():
+    """Scripts written for the original Reflex parse idx, token_ids, num_candidates, best_idx and
+    process_start_to_result_ms; every result line has the last."""
+    s1 = run_cli("system1", GOLDEN_QWEN3, "Hello", "--candidate", "a", "--candidate", "bc", "--device", "cpu")
+    assert s1.returncode == 0, s1.stderr
+    lines = [dict(kv.split("=", 1) for kv in line.split()[1:]) for line in s1.stdout.strip().split("\n")]
+    assert list(lines[0])[:5] == ["idx", "text", "token_ids", "score", "probability"]
+    assert lines[1]["text"] == '"bc"' and json.loads(lines[1]["token_ids"]) == Tokenizer.from_gguf(GGUFFile(GOLDEN_QWEN3)).encode("bc", add_bos=False)
+    summary = lines[-1]
+    assert list(summary)[:5] == ["process_start_to_result_ms", "num_candidates", "best_idx", "best_text", "entropy"]
+    assert summary["num_candidates"] == "2" and float(summary["process_start_to_result_ms"]) > 0
+    gen = run_cli("generate", GOLDEN_QWEN3, "Hello", "-n", "2", "--temp", "0", "--device", "cpu")
+    assert float(dict(kv.split("=", 1) for kv in gen.stdout.strip().split("\n")[-1].split()[1:])["process_start_to_result_ms"]) > 0

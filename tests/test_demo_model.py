@@ -80,7 +80,7 @@ def test_cli_generate_demo_prints_text_then_result_line():
     assert "Paris" in "\n".join(text)
     assert result.startswith("REFLEX_GENERATE_OK ")
     fields = dict(kv.split("=", 1) for kv in result.split()[1:])
-    for key in ("tokens", "tokens_per_s", "gguf_open_ms", "backend_init_ms", "model_load_ms", "prompt_eval_ms", "first_token_ms", "total_ms"):
+    for key in ("process_start_to_result_ms", "tokens", "tokens_per_s", "gguf_open_ms", "backend_init_ms", "model_load_ms", "prompt_eval_ms", "first_token_ms", "total_ms"):
         assert float(fields[key]) >= 0, key
     assert fields["tokens"] == "4"
 
@@ -89,5 +89,5 @@ def test_cli_system1_json():
     proc = run_cli("system1", "--demo", "--candidate", " Berlin", "--candidate", " Paris", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["best"] == 1 and out["best_text"] == " Paris"
+    assert out["best_idx"] == 1 and out["best_text"] == " Paris" and out["num_candidates"] == 2
     assert [c["text"] for c in out["scores"]] == [" Berlin", " Paris"]

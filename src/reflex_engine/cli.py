@@ -88,10 +88,19 @@ def _open_and_encode(args):
     return file.load(device=args.device, n_ctx=args.ctx_size), ids
 
 
+def _process_ms() -> float:
+    """Milliseconds since the process started (the kernel's clock-tick start time: 10 ms steps)."""
+    from .timing import process_age_ms
+
+    return round(process_age_ms(), 1)
+
+
 def _result_line(tag: str, fields: dict) -> str:
     def fmt(v):
         if isinstance(v, float):
             return f"{v:.7g}"
+        if isinstance(v, list):
+            return json.dumps(v, separators=(",", ":"))  # no spaces: a line is space-separated k=v
         return json.dumps(v, ensure_ascii=False) if isinstance(v, str) else str(v)
 
     return " ".join([tag] + [f"{k}={fmt(v)}" for k, v in fields.items()])
@@ -116,8 +125,9 @@ def cmd_generate(args) -> int:
         if not args.json and event.text:
             sys.stdout.write(event.text)
             sys.stdout.flush()
-    summary = {"tokens": len(gen.tokens), "prompt_tokens": gen.prompt_tokens, "tokens_per_s": round(gen.tokens_per_s, 3),
-               "finish": gen.finish_reason, "device": model.device, **_phases(gen.timings)}
+    summary = {"process_start_to_result_ms": _process_ms(), "tokens": len(gen.tokens), "prompt_tokens": gen.prompt_tokens,
+               "tokens_per_s": round(gen.tokens_per_s, 3), "finish": gen.finish_reason, "device": model.device,
+               **_phases(gen.timings)}
     if args.json:
         print(json.dumps({"text": gen.text, "token_ids": gen.tokens, **summary}, ensure_ascii=False))
     else:
@@ -129,11 +139,13 @@ def cmd_generate(args) -> int:
 def cmd_system1(args) -> int:
     model, ids = _open_and_encode(args)
     result = model.system1(ids, args.candidate or [])
-    candidates = [{"index": c.index, "text": c.text, "score": c.score, "probability": c.probability,
-                   "tokens": len(c.tokens)} for c in result.candidates]
-    summary = {"best": result.best, "best_text": result.candidates[result.best].text, "entropy": result.entropy,
-               "candidates": len(candidates), "prompt_tokens": result.prompt_tokens, "device": model.device,
-               **_phases(result.timings)}
+    done_ms = _process_ms()
+    # idx, token_ids, num_candidates, best_idx: the field names of the original Reflex's lines
+    candidates = [{"idx": c.index, "text": c.text, "token_ids": c.tokens, "score": c.score, "probability": c.probability}
+                  for c in result.candidates]
+    summary = {"process_start_to_result_ms": done_ms, "num_candidates": len(candidates), "best_idx": result.best,
+               "best_text": result.candidates[result.best].text, "entropy": result.entropy,
+               "prompt_tokens": result.prompt_tokens, "device": model.device, **_phases(result.timings)}
     if args.json:
         print(json.dumps({**summary, "scores": candidates}, ensure_ascii=False))
     else:
@@ -152,18 +164,17 @@ def cmd_check(args) -> int:
     for line in report.lines:
         print(line)
     print(_result_line("REFLEX_CHECK_OK" if report.ok else "REFLEX_CHECK_FAIL",
-                       {"worst": report.worst, "tolerance": report.tolerance, "prompts": report.n_prompts,
+                       {"process_start_to_result_ms": _process_ms(), "worst": report.worst, "tolerance": report.tolerance, "prompts": report.n_prompts,
                         "device": model.device}))
     return 0 if report.ok else 1
 
 
 def cmd_smoke(args) -> int:
     from .backends.cuda.smoke import smoke
-    from .timing import process_age_ms
 
     r = smoke()
-    print(_result_line("REFLEX_SMOKE_OK", {"device": r.device, "compute_capability": r.compute_capability,
-                                           "code": r.code, "driver_cuda": r.driver, "ms": round(process_age_ms(), 1)}))
+    print(_result_line("REFLEX_SMOKE_OK", {"process_start_to_result_ms": _process_ms(), "device": r.device,
+                                           "compute_capability": r.compute_capability, "code": r.code, "driver_cuda": r.driver}))
     return 0
 
 
