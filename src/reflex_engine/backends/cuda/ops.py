@@ -6,6 +6,7 @@ without kernels of their own are dequantized to F16 once at load. Knows devices,
 from __future__ import annotations
 
 import ctypes
+import math
 from typing import NamedTuple, Sequence
 
 from ...errors import ReflexError
@@ -54,19 +55,7 @@ def device_nbytes(ggml_type: GGMLType, shape: tuple[int, ...]) -> int:
         return aligned(4 * shape[0])
     if ggml_type in KERNEL_TYPES:
         return aligned(tensor_nbytes(ggml_type, shape))
-    return aligned(2 * _count(shape))
-
-
-def _count(shape) -> int:
-    n = 1
-    for extent in shape:
-        n *= extent
-    return n
-
-
-def _address(view: memoryview) -> int:
-    """The address of a (read-only) buffer, e.g. a tensor's bytes in the file mapping."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(view)) if not view.readonly else _readonly_address(view)
+    return aligned(2 * math.prod(shape))
 
 
 class _PyBuffer(ctypes.Structure):
@@ -76,7 +65,10 @@ class _PyBuffer(ctypes.Structure):
                 ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
 
 
-def _readonly_address(view: memoryview) -> int:
+def buffer_address(view: memoryview) -> int:
+    """The address of any contiguous buffer, read-only ones too (ctypes' from_buffer refuses
+    those): a tensor's bytes in the file mapping, a host array. It stays valid while the
+    buffer's owner lives."""
     buf = _PyBuffer()
     ctypes.pythonapi.PyObject_GetBuffer(ctypes.py_object(view), ctypes.byref(buf), 0)
     try:
@@ -130,7 +122,7 @@ class CudaOps:
         elif len(shape) > 1 and ggml_type not in KERNEL_TYPES:
             data, ggml_type = _dequantized(data, ggml_type, "<f2"), GGMLType.F16
         view = memoryview(data).cast("B")
-        self.device.upload(ptr, _address(view), view.nbytes)
+        self.device.upload(ptr, buffer_address(view), view.nbytes)
         return Weight(ptr, ggml_type, shape)
 
     def new_kv_cache(self, shape: CacheShape) -> KVCache:
@@ -144,7 +136,7 @@ class CudaOps:
         view = memoryview(x).cast("B")
         rows, cols = x.shape
         out = self._new(rows, cols)
-        self.device.upload(out.ptr, _address(view), view.nbytes)
+        self.device.upload(out.ptr, buffer_address(view), view.nbytes)
         return out
 
     def poison(self) -> None:
