@@ -150,6 +150,11 @@ class Model:
                 yield wanted, logits
             del logits  # before the next pass, so a device backend can reuse the buffer
 
+    def _next_logits(self, batch: Batch):
+        """The backend's logits (1, V) after the batch's last token."""
+        *_, (_, logits) = self._passes(batch, [len(batch.tokens) - 1])
+        return logits
+
     def logits(self, token_ids: Sequence[int]):
         """float32 (len(token_ids), V): next-token logits at every position. No BOS is added."""
         import numpy as np
@@ -202,7 +207,7 @@ class Model:
         capacity = self.n_ctx if max_tokens == -1 else min(self.n_ctx, len(ids) + max_tokens)
         history, n_past = list(ids), len(ids)
         with timings.phase("prompt_eval"):
-            *_, (_, logits) = self._passes(Batch.causal(ids, 0), [len(ids) - 1])
+            logits = self._next_logits(Batch.causal(ids, 0))
             token = sampler(logits, history)  # reading the choice waits for the device
         logits = None  # the next step's logits take the same device buffer
         timings.mark("first_token")
@@ -227,7 +232,7 @@ class Model:
             if len(gen.tokens) == max_tokens or n_past == capacity:
                 gen.finish_reason = "length"
                 break
-            *_, (_, logits) = self._passes(Batch.causal([token], n_past), [0])
+            logits = self._next_logits(Batch.causal([token], n_past))
             n_past += 1
             token = sampler(logits, history)
             logits = None
