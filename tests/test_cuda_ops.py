@@ -196,3 +196,16 @@ def test_norm_weights_stored_as_f16_are_widened_to_f32(gpu):
     w_gpu = gpu.load_weight("n", GGMLType.F16, (256,), w.tobytes())
     np.testing.assert_allclose(gpu.to_host(gpu.rms_norm(host(gpu, x), w_gpu, 1e-5)), cpu.rms_norm(x, w.astype(np.float32), 1e-5),
                                rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("vocab", [384, 151936])
+def test_top_logprobs_match_the_cpu(gpu, vocab):
+    """top_k's ids and logits with row_logsumexp's normalizer: the likeliest tokens in the numpy
+    backend's order (ties by lower id) and their float64 log-probabilities."""
+    logits = rng.standard_normal((2, vocab)).astype(np.float32) * 4
+    logits[1, [3, 200, 301]] = logits[1].max() + 2  # a three-way tie at the top
+    for row, k in ((0, 1), (1, 2), (1, 20), (0, 256)):
+        got = gpu.top_logprobs(host(gpu, logits), row, k)
+        want = cpu.top_logprobs(logits, row, k)
+        assert [t for t, _ in got] == [t for t, _ in want]
+        np.testing.assert_allclose([lp for _, lp in got], [lp for _, lp in want], rtol=1e-9, atol=1e-6)

@@ -178,12 +178,28 @@ def cmd_smoke(args) -> int:
     return 0
 
 
+def cmd_stdio(args) -> int:
+    from .ipc import serve_stdio
+
+    return serve_stdio(args.model, device=args.device, n_ctx=args.ctx_size)
+
+
+def cmd_uds(args) -> int:
+    from .ipc import serve_unix
+
+    return serve_unix(args.model, args.path, device=args.device, n_ctx=args.ctx_size)
+
+
+def _add_device_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
+    p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default: the model's)")
+
+
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="*", metavar="MODEL PROMPT", help="a .gguf file and the prompt (with --demo: just the prompt)")
     p.add_argument("--demo", action="store_true", help="use the embedded SmolLM2-135M-Instruct demo model")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the model's chat template")
-    p.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
-    p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default: the model's)")
+    _add_device_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text and a result line")
 
 
@@ -245,6 +261,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="write build-time caches beside the model (MODEL.reflex)")
     _add_model(p)
     p.set_defaults(run=cmd_prepare)
+
+    p = sub.add_parser("stdio", help="serve JSON-line requests on stdin/stdout, one at a time (docs/protocol.md)")
+    _add_model(p)
+    _add_device_options(p)
+    p.set_defaults(run=cmd_stdio)
+
+    p = sub.add_parser("uds", help="serve the stdio protocol on a Unix socket, one connection at a time")
+    _add_model(p)
+    p.add_argument("path", help="the socket's path (a stale socket file there is replaced)")
+    _add_device_options(p)
+    p.set_defaults(run=cmd_uds)
 
     return parser
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Iterator, NamedTuple, Sequence
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence, Union
 
 from .arch import get_arch
 from .arch.weights import load_weights, plan_weights
@@ -17,6 +17,14 @@ from .gguf import GGUFFile
 from .ops import Batch, CacheShape
 from .timing import Timings
 from .tokenizer import Tokenizer
+
+# Text, token ids (no BOS added), or chat messages (rendered with the model's chat template).
+Prompt = Union[str, Sequence[int], Sequence[Mapping[str, Any]]]
+MAX_TOP_LOGPROBS = 20  # as OpenAI's API
+
+
+class ContextExceeded(ReflexError):
+    """The prompt (with system1's candidates) does not fit the context."""
 
 
 class ModelFile:
@@ -41,14 +49,20 @@ class ModelFile:
     def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_bos=add_bos, parse_special=parse_special)
 
-    def render_chat(self, messages: list[dict]) -> str:
+    def render_chat(self, messages: list[dict], **kwargs) -> str:
+        """The chat template rendered as transformers' apply_chat_template renders it; kwargs go
+        to chat.render_chat (add_generation_prompt, tools, documents, template variables)."""
         from .chat import render_chat
 
-        if not self.chat_template:
+        # as in transformers, a call with tools takes the model's tool_use template if it has one
+        tool_use = kwargs.get("tools") is not None and self.gguf.metadata.get("tokenizer.chat_template.tool_use")
+        template = tool_use or self.chat_template
+        if not template:
             raise ReflexError(f"{self.gguf.path} has no chat template (tokenizer.chat_template)")
         tok = self.tokenizer
-        text = lambda token: tok.decode([token], special=True) if token is not None else ""  # noqa: E731
-        return render_chat(self.chat_template, messages, bos_token=text(tok.bos_id), eos_token=text(tok.eos_id))
+        tokens = {name: tok.decode([token], special=True) for name, token in
+                  (("bos_token", tok.bos_id), ("eos_token", tok.eos_id)) if token is not None}
+        return render_chat(template, messages, **{**tokens, **kwargs})
 
     def load(self, device: str = "auto", n_ctx: int | None = None) -> Model:
         from .backends import create_backend
@@ -68,9 +82,17 @@ class ModelFile:
         return Model(self, ops, weights, cache, n_ctx)
 
 
+class TokenLogprob(NamedTuple):
+    token: int
+    text: str  # the token alone (special tokens as written); a split character shows as U+FFFD
+    logprob: float
+
+
 class TokenEvent(NamedTuple):
-    id: int
+    id: int | None  # None on a last event that only releases held-back text
     text: str  # safe to print: whole characters, stop-string prefixes held back
+    logprob: float | None = None  # with logprobs: log P(id), see Model.generate
+    top_logprobs: list[TokenLogprob] | None = None  # with top_logprobs=k: the k likeliest, likeliest first
 
 
 class Generation:
@@ -80,12 +102,17 @@ class Generation:
         self.prompt_tokens = prompt_tokens
         self.tokens: list[int] = []
         self.text = ""
-        self.finish_reason: str | None = None  # "eos", "stop" or "length"
+        self.finish_reason: str | None = None  # "eos", "stop", "length" or "cancelled"
         self.timings = timings  # the *_ms phases
         self._events: Iterator[TokenEvent] = iter(())
+        self._cancelled = False
 
     def __iter__(self) -> Iterator[TokenEvent]:
         return self._events
+
+    def cancel(self) -> None:
+        """End at the next token boundary with finish_reason "cancelled"; callable from any thread."""
+        self._cancelled = True
 
     @property
     def tokens_per_s(self) -> float:
@@ -127,7 +154,11 @@ class Model:
         return self.file.encode(text, add_bos=add_bos, parse_special=parse_special)
 
     def detokenize(self, ids: Sequence[int]) -> str:
+        self._check_ids(ids)
         return self.tokenizer.decode(ids)
+
+    def _token_text(self, token: int) -> str:
+        return self.tokenizer.token_bytes(token).decode("utf-8", "replace")
 
     # -- evaluation ----------------------------------------------------------------------------
 
@@ -172,10 +203,15 @@ class Model:
 
     def _check_fits(self, n: int, what: str) -> None:
         if n > self.n_ctx:
-            raise ReflexError(f"{what} is {n} tokens, longer than the context ({self.n_ctx})")
+            raise ContextExceeded(f"{what} is {n} tokens, longer than the context ({self.n_ctx})")
 
-    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenize(prompt)
+        elif len(prompt) and isinstance(prompt[0], Mapping):
+            ids = self.tokenize(self.file.render_chat(list(prompt)), add_bos=False)  # the template writes its BOS
+        else:
+            ids = list(prompt)
         if not ids:
             raise ReflexError("the prompt is empty (it tokenizes to no tokens)")
         self._check_ids(ids)
@@ -183,33 +219,55 @@ class Model:
 
     # -- generate ------------------------------------------------------------------------------
 
-    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, sampling=None,
-                 stop: Sequence[str] = (), ignore_eos: bool = False) -> Generation:
+    def generate(self, prompt: Prompt, max_tokens: int = 128, sampling=None, stop: Sequence[str] = (),
+                 ignore_eos: bool = False, logprobs: bool = False, top_logprobs: int = 0) -> Generation:
+        """Stream the continuation of `prompt` (text, token ids or chat messages) as TokenEvents.
+
+        logprobs: each event carries log P(token) under the model's own distribution, the
+        log-softmax of its logits before penalties, temperature and the top-k/top-p/min-p filters
+        (as llama.cpp's server reports them by default). top_logprobs=k (0..20) also gives the k
+        likeliest tokens under that distribution, and implies logprobs. Generation.cancel() ends
+        the generation at the next token boundary.
+        """
         from .sampling import SamplingParams
 
         if max_tokens < 1 and max_tokens != -1:
             raise ReflexError("max tokens must be at least 1 (or -1: until the context is full)")
+        if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ReflexError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
         ids = self._prompt_ids(prompt)
         self._check_fits(len(ids), "the prompt")
         if len(ids) == self.n_ctx:
-            raise ReflexError(f"the prompt fills the whole context ({self.n_ctx} tokens) and leaves no room to generate")
+            raise ContextExceeded(f"the prompt fills the whole context ({self.n_ctx} tokens) and leaves no room to generate")
         if any(not s for s in stop):
             raise ReflexError("a stop string must not be empty")
         sampler = self.ops.new_sampler(sampling or SamplingParams())
         eog = frozenset() if ignore_eos else self.tokenizer.eog_ids
         timings = self.file.timings.fork()
         gen = Generation(len(ids), timings.phases)
-        gen._events = self._generate(gen, timings, ids, max_tokens, sampler, tuple(stop), eog)
+        n_top = top_logprobs if logprobs or top_logprobs else None
+        gen._events = self._generate(gen, timings, ids, max_tokens, sampler, tuple(stop), eog, n_top)
         return gen
 
+    def _choose(self, logits, history: list[int], sampler, n_top: int | None) -> tuple[int, tuple]:
+        """The next token from logits (1, V), and the TokenEvent fields that score it: none without
+        n_top, else its log-probability and the n_top likeliest tokens (None for 0)."""
+        if n_top is None:
+            return sampler(logits, history), ()  # reading the choice waits for the device
+        raw = self.ops.take_rows(logits, [0])  # the model's own logits: the sampler may penalize in place
+        token = sampler(logits, history)
+        logprob = self.ops.token_logprobs(raw, [(0, token)])[0]
+        if not n_top:
+            return token, (logprob, None)
+        top = self.ops.top_logprobs(raw, 0, n_top)
+        return token, (logprob, [TokenLogprob(t, self._token_text(t), lp) for t, lp in top])
+
     def _generate(self, gen: Generation, timings: Timings, ids: list[int], max_tokens: int, sampler,
-                  stop: tuple[str, ...], eog):
+                  stop: tuple[str, ...], eog, n_top: int | None):
         capacity = self.n_ctx if max_tokens == -1 else min(self.n_ctx, len(ids) + max_tokens)
         history, n_past = list(ids), len(ids)
         with timings.phase("prompt_eval"):
-            logits = self._next_logits(Batch.causal(ids, 0))
-            token = sampler(logits, history)  # reading the choice waits for the device
-        logits = None  # the next step's logits take the same device buffer
+            token, scored = self._choose(self._next_logits(Batch.causal(ids, 0)), history, sampler, n_top)
         timings.mark("first_token")
         stream, text, emitted = self.tokenizer.stream(), "", 0
         decode_start = time.perf_counter()
@@ -222,31 +280,33 @@ class Model:
             text += stream.feed(token)
             cut = _find_stop(text, stop, emitted)
             if cut is not None:
-                yield TokenEvent(token, text[emitted:cut])
+                yield TokenEvent(token, text[emitted:cut], *scored)
                 text, emitted = text[:cut], cut
                 gen.finish_reason = "stop"
                 break
             safe = len(text) - _held_back(text, stop)
-            yield TokenEvent(token, text[emitted:safe])
+            yield TokenEvent(token, text[emitted:safe], *scored)
             emitted = max(emitted, safe)
+            if gen._cancelled:
+                gen.finish_reason = "cancelled"
+                break
             if len(gen.tokens) == max_tokens or n_past == capacity:
                 gen.finish_reason = "length"
                 break
-            logits = self._next_logits(Batch.causal([token], n_past))
+            # the logits go out of scope inside _choose: the next step's take the same device buffer
+            token, scored = self._choose(self._next_logits(Batch.causal([token], n_past)), history, sampler, n_top)
             n_past += 1
-            token = sampler(logits, history)
-            logits = None
         if gen.finish_reason != "stop":
             text += stream.flush()
             if emitted < len(text):  # held-back text, or an unfinished character as U+FFFD
-                yield TokenEvent(gen.tokens[-1], text[emitted:])
+                yield TokenEvent(None, text[emitted:])
         gen.text = text
         timings.phases["decode_ms"] = (time.perf_counter() - decode_start) * 1e3
         timings.mark("total")
 
     # -- system1 -------------------------------------------------------------------------------
 
-    def system1(self, prompt: str | Sequence[int], candidates: Sequence[str]) -> System1Result:
+    def system1(self, prompt: Prompt, candidates: Sequence[str]) -> System1Result:
         """Score every candidate continuation in one forward pass (see ops.Batch for the mask)."""
         if not candidates:
             raise ReflexError("system1 needs at least one candidate")

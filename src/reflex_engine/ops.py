@@ -103,7 +103,12 @@ class Ops(Protocol):
         """A float32 numpy array of x (for `Model.logits` and `check`; generation never needs it)."""
 
     def new_sampler(self, params) -> Any:
-        """A callable (logits (N, V), token history) -> the next token id after the last row."""
+        """A callable (logits (N, V), token history) -> the next token id after the last row; it
+        may apply the penalties to that row in place."""
 
     def token_logprobs(self, logits: Tensor, pairs: Sequence[tuple[int, int]]) -> list[float]:
         """log softmax(logits[row])[token] for each (row, token) pair, computed in float64."""
+
+    def top_logprobs(self, logits: Tensor, row: int, k: int) -> list[tuple[int, float]]:
+        """The k (1..256) likeliest tokens of logits[row], likeliest first (ties: lower id), as
+        (token, log softmax in float64) pairs."""

@@ -114,3 +114,8 @@ class CpuOps:
         rows = sorted({r for r, _ in pairs})
         table = dict(zip(rows, log_softmax(logits[rows])))
         return [float(table[r][t]) for r, t in pairs]
+
+    def top_logprobs(self, logits: np.ndarray, row: int, k: int) -> list[tuple[int, float]]:
+        ids = np.argsort(-logits[row], kind="stable")[:k]
+        logprobs = log_softmax(logits[row])
+        return [(int(t), float(logprobs[t])) for t in ids]

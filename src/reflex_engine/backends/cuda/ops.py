@@ -261,6 +261,19 @@ class CudaOps:
         dev.download(ctypes.addressof(host), out, 8 * n)
         return list(host)
 
+    def top_logprobs(self, logits: Tensor, row: int, k: int) -> list[tuple[int, float]]:
+        if not 0 < k <= min(TOP_K_MAX, logits.cols):
+            raise ReflexError(f"internal error: top {k} log-probabilities of a {logits.cols}-token row (1..{TOP_K_MAX})")
+        x, dev, lse = logits.row(row), self.device, self._f64
+        ids_at, values_at, stats_at = self._top, self._top + 4 * TOP_K_MAX, self._top + 8 * TOP_K_MAX
+        dev.launch("row_logsumexp", (1,), 1024, (PTR(x), INT(logits.cols), PTR(lse)))
+        dev.launch("top_k", (1,), 1024, (PTR(x), INT(logits.cols), INT(k), PTR(ids_at), PTR(values_at), PTR(stats_at)))
+        ids, values, total = (ctypes.c_int32 * k)(), (ctypes.c_float * k)(), ctypes.c_double()
+        dev.download(ctypes.addressof(ids), ids_at, 4 * k)
+        dev.download(ctypes.addressof(values), values_at, 4 * k)
+        dev.download(ctypes.addressof(total), lse, 8)
+        return [(token, value - total.value) for token, value in zip(ids, values)]
+
 
 def _dequantized(data, ggml_type: GGMLType, dtype: str) -> bytes:
     """Types without kernels: dequantized on the host (numpy, only for such files) once at load."""
