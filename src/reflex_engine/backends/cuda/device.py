@@ -60,10 +60,10 @@ class Device:
         self.stream = c_void_p()
         drv.cuStreamCreate(byref(self.stream), cu.STREAM_NON_BLOCKING)
         with open(self.image.path, "rb") as fh:
-            self._image_bytes = fh.read()  # the driver reads it during the load only; kept for clarity
+            image = fh.read()  # the driver copies what it needs during the load
         self.module = c_void_p()
         try:
-            drv.cuModuleLoadData(byref(self.module), self._image_bytes)
+            drv.cuModuleLoadData(byref(self.module), image)
         except cu.CudaError as e:
             raise ReflexError(f"cannot load the CUDA kernels ({self.image.kind} {self.image.arch}) on "
                               f"{self.info.name} (sm_{self._sm}): {e}") from None
@@ -119,8 +119,3 @@ class Device:
 
     def synchronize(self) -> None:
         self.drv.cuStreamSynchronize(self.stream)
-
-    def pinned(self, nbytes: int) -> int:
-        ptr = c_void_p()
-        self.drv.cuMemHostAlloc(byref(ptr), nbytes, 0)
-        return ptr.value
