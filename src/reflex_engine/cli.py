@@ -10,7 +10,14 @@ from .errors import ReflexError
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="path to a .gguf file")
+    p.add_argument("model", help="path to a .gguf file, or a hub spec org/repo[@revision]:file.gguf")
+
+
+def _resolve_model(model: str) -> str:
+    """Every command's MODEL: a local path as given, a hub spec downloaded (or found cached) first."""
+    from .hub import resolve_model
+
+    return resolve_model(model)
 
 
 def cmd_info(args) -> int:
@@ -72,7 +79,7 @@ def _model_and_prompt(args) -> tuple[str, str]:
         return demo_model_path(), args.inputs[0] if args.inputs else DEMO_PROMPT
     if len(args.inputs) != 2:
         raise ReflexError("give MODEL and PROMPT (or --demo [PROMPT])")
-    return args.inputs[0], args.inputs[1]
+    return _resolve_model(args.inputs[0]), args.inputs[1]
 
 
 def _open_and_encode(args):
@@ -169,6 +176,13 @@ def cmd_check(args) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_pull(args) -> int:
+    from .hub import pull
+
+    print(pull(args.spec))  # the local path alone on stdout, for scripts; progress goes to stderr
+    return 0
+
+
 def cmd_smoke(args) -> int:
     from .backends.cuda.smoke import smoke
 
@@ -196,7 +210,8 @@ def _add_device_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("inputs", nargs="*", metavar="MODEL PROMPT", help="a .gguf file and the prompt (with --demo: just the prompt)")
+    p.add_argument("inputs", nargs="*", metavar="MODEL PROMPT",
+                   help="a .gguf file (or org/repo[@revision]:file.gguf) and the prompt (with --demo: just the prompt)")
     p.add_argument("--demo", action="store_true", help="use the embedded SmolLM2-135M-Instruct demo model")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the model's chat template")
     _add_device_options(p)
@@ -255,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default: the model's)")
     p.set_defaults(run=cmd_check)
 
+    p = sub.add_parser("pull", help="download org/repo[@revision]:file.gguf from the Hugging Face Hub, check it, print its path")
+    p.add_argument("spec", metavar="org/repo[@revision]:file.gguf")
+    p.set_defaults(run=cmd_pull)
+
     p = sub.add_parser("smoke", help="run one kernel on the GPU and check it: the first command on a new machine")
     p.set_defaults(run=cmd_smoke)
 
@@ -279,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "model", None) is not None:
+            args.model = _resolve_model(args.model)
         return args.run(args)
     except ReflexError as e:
         print(f"reflex: error: {e}", file=sys.stderr)
