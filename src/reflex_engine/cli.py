@@ -7,6 +7,7 @@ import json
 import sys
 
 from .errors import ReflexError
+from .timing import reported_phases
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
@@ -113,13 +114,6 @@ def _result_line(tag: str, fields: dict) -> str:
     return " ".join([tag] + [f"{k}={fmt(v)}" for k, v in fields.items()])
 
 
-_PHASES = ("gguf_open_ms", "tokenizer_ms", "backend_init_ms", "model_load_ms", "prompt_eval_ms", "first_token_ms", "total_ms")
-
-
-def _phases(timings: dict) -> dict:
-    return {k: round(timings[k], 3) for k in _PHASES if k in timings}
-
-
 def cmd_generate(args) -> int:
     from .sampling import SamplingParams
 
@@ -134,7 +128,7 @@ def cmd_generate(args) -> int:
             sys.stdout.flush()
     summary = {"process_start_to_result_ms": _process_ms(), "tokens": len(gen.tokens), "prompt_tokens": gen.prompt_tokens,
                "tokens_per_s": round(gen.tokens_per_s, 3), "finish": gen.finish_reason, "device": model.device,
-               **_phases(gen.timings)}
+               **reported_phases(gen.timings)}
     if args.json:
         print(json.dumps({"text": gen.text, "token_ids": gen.tokens, **summary}, ensure_ascii=False))
     else:
@@ -152,7 +146,7 @@ def cmd_system1(args) -> int:
                   for c in result.candidates]
     summary = {"process_start_to_result_ms": done_ms, "num_candidates": len(candidates), "best_idx": result.best,
                "best_text": result.candidates[result.best].text, "entropy": result.entropy,
-               "prompt_tokens": result.prompt_tokens, "device": model.device, **_phases(result.timings)}
+               "prompt_tokens": result.prompt_tokens, "device": model.device, **reported_phases(result.timings)}
     if args.json:
         print(json.dumps({**summary, "scores": candidates}, ensure_ascii=False))
     else:

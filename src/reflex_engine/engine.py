@@ -12,7 +12,7 @@ from typing import Any, Iterator, Mapping, NamedTuple, Sequence, Union
 
 from .arch import get_arch
 from .arch.weights import load_weights, plan_weights
-from .errors import ReflexError
+from .errors import ContextExceeded, ReflexError
 from .gguf import GGUFFile
 from .ops import Batch, CacheShape
 from .timing import Timings
@@ -21,10 +21,6 @@ from .tokenizer import Tokenizer
 # Text, token ids (no BOS added), or chat messages (rendered with the model's chat template).
 Prompt = Union[str, Sequence[int], Sequence[Mapping[str, Any]]]
 MAX_TOP_LOGPROBS = 20  # as OpenAI's API
-
-
-class ContextExceeded(ReflexError):
-    """The prompt (with system1's candidates) does not fit the context."""
 
 
 class ModelFile:

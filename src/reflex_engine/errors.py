@@ -16,3 +16,7 @@ class GGUFError(ReflexError):
 class CudaUnavailable(ReflexError):
     """No NVIDIA driver, no GPU, or no kernels in this install for the GPU: `--device auto`
     falls back to the CPU; `--device cuda` reports it."""
+
+
+class ContextExceeded(ReflexError):
+    """The prompt (with system1's candidates) does not fit the context."""

@@ -19,9 +19,8 @@ from collections import deque
 from typing import Callable
 
 from . import protocol
-from .cli import _phases  # the phases the CLI's result lines print
-from .engine import ContextExceeded
-from .errors import ReflexError
+from .errors import ContextExceeded, ReflexError
+from .timing import reported_phases
 
 EXIT_OK = 0
 EXIT_DEVICE_LOST = 3  # the GPU failed under a request: this process cannot serve again, replace it
@@ -138,7 +137,7 @@ class Session:
                 gen.cancel()
         answer = _result(request_id, "generate", text=gen.text, tokens=gen.tokens, finish_reason=gen.finish_reason,
                          usage={"prompt_tokens": gen.prompt_tokens, "completion_tokens": len(gen.tokens)},
-                         timings=_phases(gen.timings))
+                         timings=reported_phases(gen.timings))
         if not stream and (args.get("logprobs") or args.get("top_logprobs")):
             answer["logprobs"] = scored
         return answer
@@ -146,7 +145,7 @@ class Session:
     def _system1(self, request_id, args: dict) -> dict:
         result = self.model.system1(_prompt(args), args["candidates"])
         return _result(request_id, "system1", candidates=[c._asdict() for c in result.candidates], best=result.best,
-                       entropy=result.entropy, usage={"prompt_tokens": result.prompt_tokens}, timings=_phases(result.timings))
+                       entropy=result.entropy, usage={"prompt_tokens": result.prompt_tokens}, timings=reported_phases(result.timings))
 
     def _tokenize(self, request_id, args: dict) -> dict:
         tokens = self.model.tokenize(args["text"], add_bos=args.get("add_bos"), parse_special=args.get("parse_special", True))
@@ -205,7 +204,7 @@ def _describe(model) -> dict:
 def _ready_line(model) -> bytes:
     from .timing import since_start_ms
 
-    timings = {**_phases(model.file.timings.phases), "ready_ms": round(since_start_ms(), 3)}
+    timings = {**reported_phases(model.file.timings.phases), "ready_ms": round(since_start_ms(), 3)}
     return protocol.encode({"type": "ready", **_describe(model), "timings": timings})
 
 

@@ -31,6 +31,15 @@ class Timings:
         self.phases[f"{name}_ms"] = since_start_ms()
 
 
+REPORTED_PHASES = ("gguf_open_ms", "tokenizer_ms", "backend_init_ms", "model_load_ms", "prompt_eval_ms",
+                   "first_token_ms", "total_ms")
+
+
+def reported_phases(phases: dict) -> dict:
+    """The phases result lines (CLI and IPC) carry, rounded to microseconds."""
+    return {k: round(phases[k], 3) for k in REPORTED_PHASES if k in phases}
+
+
 def since_start_ms() -> float:
     return (time.perf_counter() - PROCESS_T0) * 1e3
 
