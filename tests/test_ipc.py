@@ -202,7 +202,7 @@ def test_every_op_answers_as_the_python_api(stdio, model):
                              top_logprobs=3)
         events = [e for e in gen if e.id is not None]
         assert (answer["text"], answer["tokens"], answer["finish_reason"]) == (gen.text, gen.tokens, gen.finish_reason)
-        assert answer["usage"] == {"prompt_tokens": gen.prompt_tokens, "completion_tokens": len(gen.tokens)}
+        assert answer["usage"] == {"prompt_tokens": gen.prompt_tokens, "cached_tokens": 0, "completion_tokens": len(gen.tokens)}
         assert [entry["logprob"] for entry in answer["logprobs"]] == [e.logprob for e in events]
         assert [entry["top_logprobs"] for entry in answer["logprobs"]] == [
             [t._asdict() for t in e.top_logprobs] for e in events]
@@ -213,7 +213,7 @@ def test_every_op_answers_as_the_python_api(stdio, model):
     result = model.system1("The cat sat on", candidates)
     assert answer["candidates"] == [c._asdict() for c in result.candidates]
     assert (answer["best"], answer["entropy"]) == (result.best, result.entropy)
-    assert answer["usage"] == {"prompt_tokens": result.prompt_tokens}
+    assert answer["usage"] == {"prompt_tokens": result.prompt_tokens, "cached_tokens": 0}
     assert stdio.call(op="system1", messages=MESSAGES, candidates=candidates)["candidates"] == [
         c._asdict() for c in model.system1(MESSAGES, candidates).candidates]
 
@@ -509,7 +509,7 @@ def test_fuzzed_lines_each_get_one_schema_valid_answer():
 
 def test_the_schema_names_every_error_code_and_refuses_malformed_lines():
     assert SCHEMA["$defs"]["error"]["properties"]["code"]["enum"] == list(protocol.ERROR_CODES)
-    usage = {"prompt_tokens": 1, "completion_tokens": 0}
+    usage = {"prompt_tokens": 1, "cached_tokens": 0, "completion_tokens": 0}
     for line in ({"type": "pong"}, {"type": "pong", "id": 1, "extra": 1}, {"type": "token", "id": 1, "token": 5},
                  {"type": "result", "id": 1, "op": "generate", "text": "", "tokens": [], "finish_reason": "done",
                   "usage": usage, "timings": {}},

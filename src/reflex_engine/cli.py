@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .errors import ReflexError
@@ -74,26 +75,46 @@ def cmd_prepare(args) -> int:
 def _model_and_prompt(args) -> tuple[str, str]:
     from .demo import DEMO_PROMPT, demo_model_path
 
+    importing = getattr(args, "import_kv", None) is not None  # then the prompt continues the state, and may be left out
+    if importing and args.chat:
+        raise ReflexError("--chat renders a whole conversation; with --import-kv give the next text as it is")
     if args.demo:
         if len(args.inputs) > 1:
             raise ReflexError("with --demo give only the PROMPT")
-        return demo_model_path(), args.inputs[0] if args.inputs else DEMO_PROMPT
+        return demo_model_path(), args.inputs[0] if args.inputs else "" if importing else DEMO_PROMPT
+    if len(args.inputs) == 1 and importing:
+        return _resolve_model(args.inputs[0]), ""
     if len(args.inputs) != 2:
         raise ReflexError("give MODEL and PROMPT (or --demo [PROMPT])")
     return _resolve_model(args.inputs[0]), args.inputs[1]
 
 
-def _open_and_encode(args):
-    """Host-side work first: open the file, render and encode the prompt; then the backend."""
+def _open_and_encode(args, output_tokens):
+    """The driver's init starts first, on a thread; the host work runs beside it: open the file,
+    render and encode the prompt. Then the backend. output_tokens(file) is how many tokens the
+    request adds to the prompt (None: unbounded), for the default context size."""
+    from .backends import BackendStart
     from .engine import ModelFile
 
+    start = BackendStart(args.device)
     path, prompt = _model_and_prompt(args)
     file = ModelFile(path)
     if args.chat:
         prompt = file.render_chat([{"role": "user", "content": prompt}])
-    # A rendered template carries its own BOS text; don't add a second one.
-    ids = file.encode(prompt, add_bos=False if args.chat else None)
-    return file.load(device=args.device, n_ctx=args.ctx_size), ids
+    # A rendered template carries its own BOS text, an imported state its BOS: don't add a second one.
+    ids = file.encode(prompt, add_bos=False if args.chat or getattr(args, "import_kv", None) else None)
+    n_ctx = args.ctx_size if args.ctx_size is not None else _one_shot_context(file, len(ids), output_tokens(file))
+    return file.load(start, n_ctx=n_ctx), ids
+
+
+def _one_shot_context(file, prompt_tokens: int, output_tokens: int | None) -> int | None:
+    """Room for this one request, in steps of 256 tokens, as llama-simple sizes its context: a
+    single-shot process need not reserve the model's whole trained context (40,960 tokens for
+    Qwen3: a 4.7 GB cache on 0.6B). None (the model's) when the output is unbounded. A prompt
+    already over the model's context gets the model's, and the engine's error."""
+    if output_tokens is None:
+        return None
+    return min(file.config.n_ctx_train, -(-(prompt_tokens + output_tokens) // 256) * 256)
 
 
 def _process_ms() -> float:
@@ -120,14 +141,15 @@ def cmd_generate(args) -> int:
     sampling = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                               repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
                               repeat_last_n=args.repeat_last_n, seed=None if args.seed < 0 else args.seed)
-    model, ids = _open_and_encode(args)
-    gen = model.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop, ignore_eos=args.ignore_eos)
+    model, ids = _open_and_encode(args, lambda file: None if args.max_tokens == -1 else args.max_tokens + _imported(args))
+    gen = model.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop, ignore_eos=args.ignore_eos,
+                         import_kv=args.import_kv, export_kv=args.export_kv)
     for event in gen:
         if not args.json and event.text:
             sys.stdout.write(event.text)
             sys.stdout.flush()
     summary = {"process_start_to_result_ms": _process_ms(), "tokens": len(gen.tokens), "prompt_tokens": gen.prompt_tokens,
-               "tokens_per_s": round(gen.tokens_per_s, 3), "finish": gen.finish_reason, "device": model.device,
+               "cached_tokens": gen.cached_tokens, "tokens_per_s": round(gen.tokens_per_s, 3), "finish": gen.finish_reason, "device": model.device,
                **reported_phases(gen.timings)}
     if args.json:
         print(json.dumps({"text": gen.text, "token_ids": gen.tokens, **summary}, ensure_ascii=False))
@@ -138,15 +160,17 @@ def cmd_generate(args) -> int:
 
 
 def cmd_system1(args) -> int:
-    model, ids = _open_and_encode(args)
-    result = model.system1(ids, args.candidate or [])
+    model, ids = _open_and_encode(args, lambda file: _imported(args) + sum(len(file.encode(c, add_bos=False))
+                                                                           for c in args.candidate or []))
+    result = model.system1(ids, args.candidate or [], import_kv=args.import_kv, export_kv=args.export_kv)
     done_ms = _process_ms()
     # idx, token_ids, num_candidates, best_idx: the field names of the original Reflex's lines
     candidates = [{"idx": c.index, "text": c.text, "token_ids": c.tokens, "score": c.score, "probability": c.probability}
                   for c in result.candidates]
     summary = {"process_start_to_result_ms": done_ms, "num_candidates": len(candidates), "best_idx": result.best,
                "best_text": result.candidates[result.best].text, "entropy": result.entropy,
-               "prompt_tokens": result.prompt_tokens, "device": model.device, **reported_phases(result.timings)}
+               "prompt_tokens": result.prompt_tokens, "cached_tokens": result.cached_tokens, "device": model.device,
+               **reported_phases(result.timings)}
     if args.json:
         print(json.dumps({**summary, "scores": candidates}, ensure_ascii=False))
     else:
@@ -156,11 +180,18 @@ def cmd_system1(args) -> int:
     return 0
 
 
-def cmd_check(args) -> int:
-    from .check import check_against_reference
-    from .engine import ModelFile
+def _imported(args) -> int:
+    """Tokens an --import-kv file adds to the context (checked when the model reads it)."""
+    from .kvstate import count_tokens
 
-    model = ModelFile(args.model).load(device=args.device, n_ctx=args.ctx_size)
+    return count_tokens(args.import_kv) if args.import_kv is not None else 0
+
+
+def cmd_check(args) -> int:
+    from . import load
+    from .check import check_against_reference
+
+    model = load(args.model, device=args.device, n_ctx=args.ctx_size)
     report = check_against_reference(model, args.reference, tolerance=args.tolerance)
     for line in report.lines:
         print(line)
@@ -200,7 +231,8 @@ def cmd_uds(args) -> int:
 
 def _add_device_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
-    p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default: generate and system1 the request's, rounded up to 256; "
+                   "stdio, uds and check the model's)")
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -210,6 +242,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the model's chat template")
     _add_device_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text and a result line")
+    p.add_argument("--import-kv", metavar="FILE", help="continue the conversation a KV state file holds: PROMPT (optional) "
+                   "is appended to it; a run with the file's --seed continues its random stream")
+    p.add_argument("--export-kv", metavar="FILE", help="at the end, write the KV state (the cache, tokens, sampler) to FILE, "
+                   "atomically")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -304,5 +340,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+def run() -> None:
+    """The console script: main(), then the process ends without the interpreter's teardown or
+    the driver's exit handlers (everything is written and flushed by then). REFLEX_FAST_EXIT=0
+    exits the ordinary way, for comparison."""
+    code = main()
+    if os.environ.get("REFLEX_FAST_EXIT") == "0":
+        sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

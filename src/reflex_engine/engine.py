@@ -7,11 +7,14 @@ a backend and the weights on it.
 from __future__ import annotations
 
 import math
+import os
 import time
+from functools import cached_property
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence, Union
 
 from .arch import get_arch
 from .arch.weights import load_weights, plan_weights
+from .backends import BackendStart
 from .errors import ContextExceeded, ReflexError
 from .gguf import GGUFFile
 from .ops import Batch, CacheShape
@@ -60,13 +63,17 @@ class ModelFile:
                   (("bos_token", tok.bos_id), ("eos_token", tok.eos_id)) if token is not None}
         return render_chat(template, messages, **{**tokens, **kwargs})
 
-    def load(self, device: str = "auto", n_ctx: int | None = None) -> Model:
-        from .backends import create_backend
-
+    def load(self, device: str | BackendStart = "auto", n_ctx: int | None = None) -> Model:
+        """The model on a backend: a device name, or a BackendStart begun before this file was
+        opened (its driver init then ran beside the host work)."""
         if n_ctx is not None and n_ctx < 1:
             raise ReflexError(f"the context size must be at least 1 token, not {n_ctx}")
-        with self.timings.phase("backend_init"):
-            ops = create_backend(device)
+        start = BackendStart(device) if isinstance(device, str) else device
+        with self.timings.phase("backend_init"):  # what the init thread did not hide
+            ops = start.ops()
+        if start.cuda_init_ms is not None:
+            self.timings.phases["cuda_init_ms"] = start.cuda_init_ms
+            self.timings.phases["cuda_init_hidden_ms"] = max(0.0, start.cuda_init_ms - self.timings.phases["backend_init_ms"])
         n_ctx = n_ctx or self.config.n_ctx_train
         c, arch = self.config, self.arch
         with self.timings.phase("model_load"):
@@ -74,6 +81,11 @@ class ModelFile:
             shape = CacheShape(c.n_layers, n_ctx, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.v_head_dim)
             ops.reserve([(t.ggml_type, t.shape) for t in plan.values() if t is not None], shape, c.activation_width)
             weights = load_weights(self.gguf, c, plan, arch.TENSORS, arch.LAYER_TENSORS, ops)
+            upload_start = time.perf_counter()
+            uploaded = ops.commit_weights()
+            if uploaded:  # a device backend copied the weights
+                ms = (time.perf_counter() - upload_start) * 1e3
+                self.timings.phases.update(upload_ms=ms, upload_gb_per_s=uploaded / 1e6 / max(ms, 1e-3))
             cache = ops.new_kv_cache(shape)
         return Model(self, ops, weights, cache, n_ctx)
 
@@ -100,8 +112,10 @@ class Generation:
         self.text = ""
         self.finish_reason: str | None = None  # "eos", "stop", "length" or "cancelled"
         self.timings = timings  # the *_ms phases
+        self.cached_tokens = 0  # of prompt_tokens, those an imported or baked KV state held
         self._events: Iterator[TokenEvent] = iter(())
         self._cancelled = False
+        self._context: tuple[list[int], int] | None = None  # at the end: the evaluated tokens, the last choice
 
     def __iter__(self) -> Iterator[TokenEvent]:
         return self._events
@@ -131,6 +145,7 @@ class System1Result(NamedTuple):
     entropy: float  # of the candidate distribution, nats
     prompt_tokens: int
     timings: dict[str, float]
+    cached_tokens: int = 0  # of prompt_tokens, those an imported or baked KV state held
 
 
 class Model:
@@ -216,7 +231,8 @@ class Model:
     # -- generate ------------------------------------------------------------------------------
 
     def generate(self, prompt: Prompt, max_tokens: int = 128, sampling=None, stop: Sequence[str] = (),
-                 ignore_eos: bool = False, logprobs: bool = False, top_logprobs: int = 0) -> Generation:
+                 ignore_eos: bool = False, logprobs: bool = False, top_logprobs: int = 0,
+                 import_kv: str | None = None, export_kv: str | None = None) -> Generation:
         """Stream the continuation of `prompt` (text, token ids or chat messages) as TokenEvents.
 
         logprobs: each event carries log P(token) under the model's own distribution, the
@@ -224,6 +240,13 @@ class Model:
         (as llama.cpp's server reports them by default). top_logprobs=k (0..20) also gives the k
         likeliest tokens under that distribution, and implies logprobs. Generation.cancel() ends
         the generation at the next token boundary.
+
+        import_kv: continue the conversation a KV state file holds; `prompt` (text without BOS,
+        or ids; may be empty) is appended to it, and a seeded sampler with the file's seed
+        continues the file's random stream, so the tokens equal one uninterrupted run's.
+        export_kv: once the generation has been iterated to its end, write the state there
+        (kvstate.py). Without import_kv, a prompt that starts with the model's baked prompt
+        (`reflex prepare --system-prompt`) takes that prompt's cache instead of evaluating it.
         """
         from .sampling import SamplingParams
 
@@ -231,18 +254,26 @@ class Model:
             raise ReflexError("max tokens must be at least 1 (or -1: until the context is full)")
         if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
             raise ReflexError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
-        ids = self._prompt_ids(prompt)
+        start = self._start(prompt, import_kv)
+        ids = start.ids
         self._check_fits(len(ids), "the prompt")
         if len(ids) == self.n_ctx:
             raise ContextExceeded(f"the prompt fills the whole context ({self.n_ctx} tokens) and leaves no room to generate")
         if any(not s for s in stop):
             raise ReflexError("a stop string must not be empty")
+        self._check_export(export_kv)
         sampler = self.ops.new_sampler(sampling or SamplingParams())
+        if import_kv is not None:
+            sampler.restore(start.state.sampler)
         eog = frozenset() if ignore_eos else self.tokenizer.eog_ids
         timings = self.file.timings.fork()
+        self._restore(start, timings)
         gen = Generation(len(ids), timings.phases)
+        gen.cached_tokens = start.cached
         n_top = top_logprobs if logprobs or top_logprobs else None
-        gen._events = self._generate(gen, timings, ids, max_tokens, sampler, tuple(stop), eog, n_top)
+        gen._events = self._generate(gen, timings, ids, start.cached, max_tokens, sampler, tuple(stop), eog, n_top)
+        if export_kv is not None:
+            gen._events = self._exporting(gen._events, gen, timings, sampler, export_kv)
         return gen
 
     def _choose(self, logits, history: list[int], sampler, n_top: int | None) -> tuple[int, tuple]:
@@ -258,12 +289,12 @@ class Model:
         top = self.ops.top_logprobs(raw, 0, n_top)
         return token, (logprob, [TokenLogprob(t, self._token_text(t), lp) for t, lp in top])
 
-    def _generate(self, gen: Generation, timings: Timings, ids: list[int], max_tokens: int, sampler,
+    def _generate(self, gen: Generation, timings: Timings, ids: list[int], cached: int, max_tokens: int, sampler,
                   stop: tuple[str, ...], eog, n_top: int | None):
         capacity = self.n_ctx if max_tokens == -1 else min(self.n_ctx, len(ids) + max_tokens)
         history, n_past = list(ids), len(ids)
         with timings.phase("prompt_eval"):
-            token, scored = self._choose(self._next_logits(Batch.causal(ids, 0)), history, sampler, n_top)
+            token, scored = self._choose(self._next_logits(Batch.causal(ids[cached:], cached)), history, sampler, n_top)
         timings.mark("first_token")
         stream, text, emitted = self.tokenizer.stream(), "", 0
         decode_start = time.perf_counter()
@@ -297,23 +328,29 @@ class Model:
             if emitted < len(text):  # held-back text, or an unfinished character as U+FFFD
                 yield TokenEvent(None, text[emitted:])
         gen.text = text
+        gen._context = (history[:n_past], token)
         timings.phases["decode_ms"] = (time.perf_counter() - decode_start) * 1e3
         timings.mark("total")
 
     # -- system1 -------------------------------------------------------------------------------
 
-    def system1(self, prompt: Prompt, candidates: Sequence[str]) -> System1Result:
-        """Score every candidate continuation in one forward pass (see ops.Batch for the mask)."""
+    def system1(self, prompt: Prompt, candidates: Sequence[str], import_kv: str | None = None,
+                export_kv: str | None = None) -> System1Result:
+        """Score every candidate continuation in one forward pass (see ops.Batch for the mask).
+        import_kv / export_kv as for generate; the exported state holds the prompt alone."""
         if not candidates:
             raise ReflexError("system1 needs at least one candidate")
         timings = self.file.timings.fork()
-        p_ids = self._prompt_ids(prompt)
+        start = self._start(prompt, import_kv)
+        p_ids = start.ids
         c_ids = [self.tokenize(c, add_bos=False) for c in candidates]
         for i, (text, ids) in enumerate(zip(candidates, c_ids)):
             if not ids:
                 raise ReflexError(f"candidate {i} ({text!r}) tokenizes to no tokens")
         n = len(p_ids)
         self._check_fits(n + sum(map(len, c_ids)), "the prompt plus all candidates")
+        self._check_export(export_kv)
+        self._restore(start, timings)
         tokens, positions, segments = list(p_ids), list(range(n)), [0] * n
         rows, targets = [n - 1], []  # logits rows predicting each candidate token
         for seg, ids in enumerate(c_ids, start=1):
@@ -324,8 +361,9 @@ class Model:
             targets.append([(0 if j == 0 else len(rows) + j - 1, t) for j, t in enumerate(ids)])
             rows += range(first, first + len(ids) - 1)
         logprob = {}  # (index into rows, token) -> log-probability
+        s = start.cached  # slots the imported or baked state holds: the pass starts after them
         with timings.phase("prompt_eval"):
-            for wanted, logits in self._passes(Batch(tokens, positions, segments, 0), rows):
+            for wanted, logits in self._passes(Batch(tokens[s:], positions[s:], segments[s:], s), [r - s for r in rows]):
                 local = {r: i for i, r in enumerate(wanted)}
                 pairs = [(r, t) for tgt in targets for r, t in tgt if r in local]
                 logprob.update(zip(pairs, self.ops.token_logprobs(logits, [(local[r], t) for r, t in pairs])))
@@ -338,8 +376,73 @@ class Model:
         probs = [w / total for w in weights]
         entropy = -sum(p * math.log(p) for p in probs if p > 0)
         result = [Candidate(i, candidates[i], c_ids[i], scores[i], probs[i]) for i in range(len(candidates))]
+        if export_kv is not None:
+            with timings.phase("kv_export"):
+                self._write_state(export_kv, p_ids, [], None)
         timings.mark("total")
-        return System1Result(result, max(range(len(scores)), key=scores.__getitem__), entropy, n, timings.phases)
+        return System1Result(result, max(range(len(scores)), key=scores.__getitem__), entropy, n, timings.phases, s)
+
+    # -- KV state files (kvstate.py) -------------------------------------------------------------
+
+    @cached_property
+    def state_fingerprint(self) -> str:
+        """What a KV state file must carry to be this model's."""
+        from .kvstate import model_fingerprint
+
+        return model_fingerprint(self.file.gguf)
+
+    def _read_state(self, path: str):
+        from .kvstate import read_header
+
+        return read_header(path, fingerprint=self.state_fingerprint, architecture=self.config.arch, config=self.config)
+
+    def _start(self, prompt: Prompt, import_kv: str | None):
+        """The request's whole context and the cache slots a state file gives it (none read yet)."""
+        from . import kvstate
+
+        if import_kv is None:
+            ids = self._prompt_ids(prompt)
+            baked = kvstate.baked_state_path(self.file.gguf.path)
+            try:  # a baked prompt from another model, or damaged, is no prompt: it costs time, never correctness
+                state = self._read_state(baked) if os.path.exists(baked) else None
+            except ReflexError:
+                state = None
+            return kvstate.prefix(state, ids)
+        if len(prompt) and not isinstance(prompt, str) and isinstance(prompt[0], Mapping):
+            raise ReflexError("a request that imports a KV state continues it: give the new text or token ids, not chat messages")
+        state = self._read_state(import_kv)
+        ids = self.tokenize(prompt, add_bos=False) if isinstance(prompt, str) else list(prompt)
+        self._check_ids(ids)
+        return kvstate.resume(state, ids, self.n_ctx)
+
+    def _restore(self, start, timings: Timings) -> None:
+        from .kvstate import mapped_arrays
+
+        if start.state is None:
+            return
+        with timings.phase("kv_import"), mapped_arrays(start.state) as arrays:
+            self.ops.import_cache(self.cache, arrays, len(start.state.tokens))
+
+    def _check_export(self, path: str | None) -> None:
+        from .kvstate import check_writable
+
+        if path is not None:
+            check_writable(path)  # before the work, not after it
+
+    def _write_state(self, path: str, tokens: list[int], pending: list[int], sampler: dict | None) -> None:
+        from .kvstate import write_state
+
+        write_state(path, fingerprint=self.state_fingerprint, architecture=self.config.arch, tokens=tokens,
+                    pending=pending, sampler=sampler, arrays=self.ops.export_cache(self.cache, len(tokens)))
+
+    def _exporting(self, events: Iterator[TokenEvent], gen: Generation, timings: Timings, sampler,
+                   path: str) -> Iterator[TokenEvent]:
+        """The generation's events; after the last, its state written to path."""
+        yield from events
+        tokens, last = gen._context
+        with timings.phase("kv_export"):
+            self._write_state(path, tokens, [last], sampler.state())
+        timings.mark("total")
 
 
 def _find_stop(text: str, stop: tuple[str, ...], emitted: int) -> int | None:

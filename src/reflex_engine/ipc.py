@@ -124,7 +124,8 @@ class Session:
 
         sampling = SamplingParams(**{k: v for k, v in args.items() if k in protocol.SAMPLING_FIELDS})
         stop = [args["stop"]] if isinstance(args.get("stop"), str) else args.get("stop", [])
-        options = {k: args[k] for k in ("max_tokens", "ignore_eos", "logprobs", "top_logprobs") if k in args}
+        options = {k: args[k] for k in ("max_tokens", "ignore_eos", "logprobs", "top_logprobs", "import_kv", "export_kv")
+                   if k in args}
         gen = self.model.generate(_prompt(args), sampling=sampling, stop=stop, **options)
         stream, scored = args.get("stream", False), []
         for event in gen:
@@ -136,16 +137,19 @@ class Session:
             if self.inbox.cancel_arrived():
                 gen.cancel()
         answer = _result(request_id, "generate", text=gen.text, tokens=gen.tokens, finish_reason=gen.finish_reason,
-                         usage={"prompt_tokens": gen.prompt_tokens, "completion_tokens": len(gen.tokens)},
+                         usage={"prompt_tokens": gen.prompt_tokens, "cached_tokens": gen.cached_tokens,
+                                "completion_tokens": len(gen.tokens)},
                          timings=reported_phases(gen.timings))
         if not stream and (args.get("logprobs") or args.get("top_logprobs")):
             answer["logprobs"] = scored
         return answer
 
     def _system1(self, request_id, args: dict) -> dict:
-        result = self.model.system1(_prompt(args), args["candidates"])
+        state = {k: args[k] for k in ("import_kv", "export_kv") if k in args}
+        result = self.model.system1(_prompt(args), args["candidates"], **state)
         return _result(request_id, "system1", candidates=[c._asdict() for c in result.candidates], best=result.best,
-                       entropy=result.entropy, usage={"prompt_tokens": result.prompt_tokens}, timings=reported_phases(result.timings))
+                       entropy=result.entropy, usage={"prompt_tokens": result.prompt_tokens, "cached_tokens": result.cached_tokens},
+                       timings=reported_phases(result.timings))
 
     def _tokenize(self, request_id, args: dict) -> dict:
         tokens = self.model.tokenize(args["text"], add_bos=args.get("add_bos"), parse_special=args.get("parse_special", True))

@@ -11,7 +11,7 @@ dk / dv key / value head widths, V vocabulary.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, NamedTuple, Protocol, Sequence
+from typing import Any, Iterator, Mapping, NamedTuple, Protocol, Sequence
 
 Tensor = Any  # a backend's activation: numpy array on the CPU, device buffer on CUDA
 Weight = Any  # a backend's prepared weight (see Ops.load_weight)
@@ -58,6 +58,16 @@ class CacheShape(NamedTuple):
     v_width: int
 
 
+class StateArray(NamedTuple):
+    """A named array of a cache's contents, as KV state files (kvstate.py) hold them. An attention
+    cache of n tokens is `blk.{i}.k` (n, k_width) and `blk.{i}.v` (n, v_width) per layer."""
+
+    name: str
+    dtype: str  # "f32" or "f16"
+    shape: tuple[int, ...]
+    data: Any  # C-order little-endian bytes: a buffer (memoryview, numpy array, bytearray)
+
+
 class Ops(Protocol):
     max_batch: int  # tokens one forward pass may hold; the engine splits longer batches
 
@@ -67,6 +77,10 @@ class Ops(Protocol):
 
     def load_weight(self, name: str, ggml_type, shape: tuple[int, ...], data: memoryview) -> Weight:
         """Take a tensor's raw blocks as stored (ggml `shape`, innermost first)."""
+
+    def commit_weights(self) -> int:
+        """After the last load_weight: returns once every weight is usable, with the bytes it
+        copied to a device (0 where nothing was copied). load_weight's data stays alive until then."""
 
     def new_kv_cache(self, shape: CacheShape) -> Any:
         """The cache, made once per model and reused by every request: K, V and slot segments."""
@@ -112,3 +126,11 @@ class Ops(Protocol):
     def top_logprobs(self, logits: Tensor, row: int, k: int) -> list[tuple[int, float]]:
         """The k (1..256) likeliest tokens of logits[row], likeliest first (ties: lower id), as
         (token, log softmax in float64) pairs."""
+
+    def export_cache(self, cache: Any, n_tokens: int) -> Iterator[StateArray]:
+        """Slots 0..n_tokens-1 of every layer's K and V, one array at a time, in the cache's own
+        dtype; each array's buffer stays valid until the next is asked for."""
+
+    def import_cache(self, cache: Any, arrays: Mapping[str, StateArray], n_tokens: int) -> None:
+        """Write such arrays (f32 or f16, converted to the cache's dtype) to slots 0..n_tokens-1,
+        as segment 0 (the shared prefix)."""

@@ -64,12 +64,13 @@ TOKEN_IDS = Kind("a list of token ids", _list_of(_is_int))
 SAMPLING_FIELDS = {"temperature": NUMBER, "top_k": INTEGER, "top_p": NUMBER, "min_p": NUMBER, "repeat_penalty": NUMBER,
                    "presence_penalty": NUMBER, "repeat_last_n": INTEGER, "seed": SEED}
 _PROMPT_FIELDS = {"prompt": PROMPT, "messages": MESSAGES}  # exactly one of the two
+_STATE_FIELDS = {"import_kv": STRING, "export_kv": STRING}  # KV state files (kvstate.py), paths on the engine's machine
 
 # op -> the fields it accepts besides "op" and "id"
 FIELDS: dict[str, dict[str, Kind]] = {
     "generate": {**_PROMPT_FIELDS, **SAMPLING_FIELDS, "max_tokens": INTEGER, "stop": STOP, "ignore_eos": BOOLEAN,
-                 "logprobs": BOOLEAN, "top_logprobs": INTEGER, "stream": BOOLEAN},
-    "system1": {**_PROMPT_FIELDS, "candidates": STRINGS},
+                 "logprobs": BOOLEAN, "top_logprobs": INTEGER, "stream": BOOLEAN, **_STATE_FIELDS},
+    "system1": {**_PROMPT_FIELDS, "candidates": STRINGS, **_STATE_FIELDS},
     "tokenize": {"text": STRING, "add_bos": BOOLEAN, "parse_special": BOOLEAN},
     "detokenize": {"ids": TOKEN_IDS},
     "info": {},

@@ -5,9 +5,9 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from ...ops import Batch, CacheShape, Rope, RopeMode
+from ...ops import Batch, CacheShape, Rope, RopeMode, StateArray
 from ...quants import dequantize
-from .sampler import Sampler, log_softmax
+from .sampler import LastRowSampler, log_softmax
 
 
 class KVCache(NamedTuple):
@@ -26,6 +26,9 @@ class CpuOps:
 
     def load_weight(self, name, ggml_type, shape, data) -> np.ndarray:
         return dequantize(data, ggml_type, tuple(reversed(shape)))  # numpy order: (out, in)
+
+    def commit_weights(self) -> int:
+        return 0  # load_weight already holds every weight
 
     def new_kv_cache(self, shape: CacheShape) -> KVCache:
         # np.zeros maps untouched pages lazily: a long context costs memory only where written
@@ -107,8 +110,7 @@ class CpuOps:
         return np.ascontiguousarray(x, dtype=np.float32)
 
     def new_sampler(self, params):
-        sampler = Sampler(params)
-        return lambda logits, history: sampler(logits[-1], history)
+        return LastRowSampler(params)
 
     def token_logprobs(self, logits: np.ndarray, pairs) -> list[float]:
         rows = sorted({r for r, _ in pairs})
@@ -119,3 +121,17 @@ class CpuOps:
         ids = np.argsort(-logits[row], kind="stable")[:k]
         logprobs = log_softmax(logits[row])
         return [(int(t), float(logprobs[t])) for t in ids]
+
+    # -- KV state files (kvstate.py) -------------------------------------------------------------
+
+    def export_cache(self, cache: KVCache, n_tokens: int):
+        for i, (k, v) in enumerate(zip(cache.k, cache.v)):
+            yield StateArray(f"blk.{i}.k", "f32", (n_tokens, k.shape[1]), k[:n_tokens])
+            yield StateArray(f"blk.{i}.v", "f32", (n_tokens, v.shape[1]), v[:n_tokens])
+
+    def import_cache(self, cache: KVCache, arrays, n_tokens: int) -> None:
+        for i, (k, v) in enumerate(zip(cache.k, cache.v)):
+            for kind, dest in (("k", k), ("v", v)):
+                a = arrays[f"blk.{i}.{kind}"]
+                dest[:n_tokens] = np.frombuffer(a.data, "<f4" if a.dtype == "f32" else "<f2").reshape(a.shape)
+        cache.segments[:n_tokens] = 0

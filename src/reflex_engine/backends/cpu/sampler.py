@@ -6,6 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ...errors import ReflexError
+from ...kvstate import restorable, sampler_state
 from ...sampling import SamplingParams
 
 
@@ -48,6 +50,30 @@ class Sampler:
         seen = np.where(seen > 0, seen / p.repeat_penalty, seen * p.repeat_penalty)
         logits[recent] = seen - p.presence_penalty
         return logits
+
+
+class LastRowSampler(Sampler):
+    """The Ops sampler: the next token from the last row of (N, V) logits. Its random state
+    goes into KV state files, so a resumed seeded run draws what this one would have."""
+
+    RNG = "numpy.PCG64"
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        return super().__call__(logits[-1], history)
+
+    def state(self) -> dict | None:
+        return sampler_state(self.RNG, self.params.seed, self.rng.bit_generator.state)
+
+    def restore(self, saved: dict | None) -> bool:
+        """Continue the saved stream if it is this sampler's (same seed); False if not."""
+        state = restorable(saved, self.RNG, self.params.seed)
+        if state is None:
+            return False
+        try:
+            self.rng.bit_generator.state = state
+        except (TypeError, ValueError, KeyError):
+            raise ReflexError("the KV state's sampler state is damaged") from None
+        return True
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

@@ -11,9 +11,10 @@ from typing import NamedTuple, Sequence
 
 from ...errors import ReflexError
 from ...gguf import GGMLType, tensor_nbytes
-from ...ops import Batch, CacheShape, Rope, RopeMode
+from ...ops import Batch, CacheShape, Rope, RopeMode, StateArray
 from .device import F32, F64, I64, INT, PTR, Device
 from .memory import Plan, Pool, Region, Tensor, aligned
+from .upload import Copy, upload
 
 # types with their own kernels (kernels/quant_blocks.cuh); the rest become F16 at load
 KERNEL_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
@@ -83,8 +84,10 @@ class CudaOps:
 
     def __init__(self, device: Device | None = None):
         self.device = device or Device()
+        self.device.make_current()
         self._weights = self._cache = self._scratch = self._small = self._large = None
         self._positions = None  # (sequence, device copy) of the last rope call: q and k share it
+        self._pending: list[tuple[Copy, memoryview]] = []  # weight copies waiting for commit_weights
 
     @property
     def description(self) -> str:
@@ -118,12 +121,21 @@ class CudaOps:
         ggml_type, shape = GGMLType(ggml_type), tuple(shape)
         ptr = self._weights.carve(device_nbytes(ggml_type, shape))
         if len(shape) == 1 and ggml_type != GGMLType.F32:
-            data, ggml_type = _dequantized(data, ggml_type, "<f4"), GGMLType.F32
+            host, ggml_type = _dequantized(data, ggml_type, "<f4"), GGMLType.F32
         elif len(shape) > 1 and ggml_type not in KERNEL_TYPES:
-            data, ggml_type = _dequantized(data, ggml_type, "<f2"), GGMLType.F16
-        view = memoryview(data).cast("B")
-        self.device.upload(ptr, buffer_address(view), view.nbytes)
+            host, ggml_type = _dequantized(data, ggml_type, "<f2"), GGMLType.F16
+        else:  # the stored blocks, straight from the file mapping: commit_weights copies them
+            view = memoryview(data).cast("B")
+            self._pending.append((Copy(ptr, buffer_address(view), view.nbytes), view))  # the view keeps data alive
+            return Weight(ptr, ggml_type, shape)
+        view = memoryview(host).cast("B")
+        self.device.upload(ptr, buffer_address(view), view.nbytes)  # pageable: staged before it returns
         return Weight(ptr, ggml_type, shape)
+
+    def commit_weights(self) -> int:
+        nbytes = upload(self.device, [copy for copy, _ in self._pending])
+        self._pending = []
+        return nbytes
 
     def new_kv_cache(self, shape: CacheShape) -> KVCache:
         c = self._cache
@@ -273,6 +285,47 @@ class CudaOps:
         dev.download(ctypes.addressof(values), values_at, 4 * k)
         dev.download(ctypes.addressof(total), lse, 8)
         return [(token, value - total.value) for token, value in zip(ids, values)]
+
+
+    # -- KV state files (kvstate.py) -------------------------------------------------------------
+
+    def export_cache(self, cache: KVCache, n_tokens: int):
+        for i in range(cache.shape.n_layers):
+            for kind, ptr, width in (("k", cache.k[i], cache.shape.k_width), ("v", cache.v[i], cache.shape.v_width)):
+                host = bytearray(2 * n_tokens * width)  # slots 0..n-1 are the first rows: one copy
+                if host:
+                    self.device.download(buffer_address(memoryview(host)), ptr, len(host))
+                yield StateArray(f"blk.{i}.{kind}", "f16", (n_tokens, width), host)
+
+    def import_cache(self, cache: KVCache, arrays, n_tokens: int) -> None:
+        """f16 arrays go from the file mapping straight to the cache; f32 ones (a file made on the
+        CPU) pass through activation buffers and kv_store, which rounds them as a pass does."""
+        dev, shape = self.device, cache.shape
+        for i in range(shape.n_layers):
+            k, v = arrays[f"blk.{i}.k"], arrays[f"blk.{i}.v"]
+            if k.dtype == "f16":
+                for a, ptr in ((k, cache.k[i]), (v, cache.v[i])):
+                    view = memoryview(a.data).cast("B")
+                    dev.upload(ptr, buffer_address(view), view.nbytes)  # pageable: staged before it returns
+                continue
+            for a in range(0, n_tokens, MAX_BATCH):
+                rows = min(MAX_BATCH, n_tokens - a)
+                kt, vt = (self._rows_from_host(x, a, rows) for x in (k, v))
+                segs = self._upload_ints("segments", [0] * rows)
+                dev.launch("kv_store", (rows,), 256, (PTR(kt.ptr), PTR(vt.ptr), PTR(cache.k[i]), PTR(cache.v[i]),
+                                                      PTR(cache.segments), PTR(segs), INT(a), INT(rows),
+                                                      INT(shape.k_width), INT(shape.v_width)))
+                del kt, vt
+        if n_tokens:
+            dev.drv.cuMemsetD32Async(cache.segments, 0, n_tokens, dev.stream)
+
+    def _rows_from_host(self, a: StateArray, first: int, rows: int) -> Tensor:
+        """Rows first..first+rows-1 of an f32 state array, on the device."""
+        width = a.shape[1]
+        part = memoryview(a.data).cast("B")[4 * first * width : 4 * (first + rows) * width]
+        out = self._new(rows, width)
+        self.device.upload(out.ptr, buffer_address(part), part.nbytes)
+        return out
 
 
 def _dequantized(data, ggml_type: GGMLType, dtype: str) -> bytes:

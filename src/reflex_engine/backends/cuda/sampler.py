@@ -12,6 +12,8 @@ import ctypes
 import math
 import random
 
+from ...errors import ReflexError
+from ...kvstate import restorable, sampler_state
 from ...sampling import SamplingParams, candidate_distribution
 from .device import F32, INT, PTR
 from .memory import Tensor
@@ -72,3 +74,23 @@ class CudaSampler:
         ids = self.ops._upload_ints("history", recent)
         self.ops.device.launch("apply_penalties", (-(-len(recent) // 256),), 256,
                                (PTR(row), PTR(ids), INT(len(recent)), F32(p.repeat_penalty), F32(p.presence_penalty)))
+
+    # -- KV state files (kvstate.py): a resumed seeded run draws what this one would have --------
+
+    RNG = "python.MT19937"
+
+    def state(self) -> dict | None:
+        version, internal, gauss = self.rng.getstate()
+        return sampler_state(self.RNG, self.params.seed, [version, list(internal), gauss])
+
+    def restore(self, saved: dict | None) -> bool:
+        """Continue the saved stream if it is this sampler's (same seed); False if not."""
+        state = restorable(saved, self.RNG, self.params.seed)
+        if state is None:
+            return False
+        try:
+            version, internal, gauss = state
+            self.rng.setstate((version, tuple(internal), gauss))
+        except (TypeError, ValueError):
+            raise ReflexError("the KV state's sampler state is damaged") from None
+        return True
