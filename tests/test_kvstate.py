@@ -227,7 +227,7 @@ def test_an_f16_file_imports_on_the_cpu(cpu_model, tmp_path):
     ref, ref_lp = run(cpu_model, prompt, 6, greedy)
     a, _ = run(cpu_model, prompt, 2, greedy, export_kv=str(tmp_path / "f32.kv"))
     state = cpu_model._read_state(str(tmp_path / "f32.kv"))
-    with kvstate.mapped_arrays(state) as arrays:
+    with kvstate.mapped_arrays(state, len(state.tokens)) as arrays:
         halves = [a._replace(dtype="f16", data=np.frombuffer(a.data, "<f4").astype("<f2")) for a in arrays.values()]
         kvstate.write_state(str(tmp_path / "f16.kv"), fingerprint=cpu_model.state_fingerprint, architecture="qwen3",
                             tokens=state.tokens, pending=state.pending, sampler=None, arrays=halves)

@@ -32,15 +32,19 @@ def cmd_info(args) -> int:
     return 0
 
 
+def _read_file(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as e:
+        raise ReflexError(f"cannot read {path}: {e.strerror or e}") from None
+    # Invalid UTF-8 becomes U+FFFD, as Hugging Face tokenizers would see the text.
+    return raw.decode("utf-8", errors="replace")
+
+
 def _read_text(args) -> str:
     if args.file is not None:
-        try:
-            with open(args.file, "rb") as fh:
-                raw = fh.read()
-        except OSError as e:
-            raise ReflexError(f"cannot read {args.file}: {e.strerror or e}") from None
-        # Invalid UTF-8 becomes U+FFFD, as Hugging Face tokenizers would see the text.
-        return raw.decode("utf-8", errors="replace")
+        return _read_file(args.file)
     if args.text is None:
         raise ReflexError("give the text to tokenize, or --file PATH")
     return args.text
@@ -69,7 +73,33 @@ def cmd_prepare(args) -> int:
             sections["tokenizer"] = prepare_tokenizer(f)
     path = sidecar.write_sections(args.model, sections)
     print(f"wrote {path} ({', '.join(sections)})")
+    if args.system_prompt is not None:
+        _bake_system_prompt(args)
     return 0
+
+
+def _bake_system_prompt(args) -> None:
+    """The system prompt's KV beside the model: a later request whose prompt ids start with its
+    ids skips evaluating them (kvstate.prefix)."""
+    from .engine import ModelFile
+    from .kvstate import baked_state_path
+
+    text = _read_file(args.system_prompt)
+    file = ModelFile(args.model)
+    if args.chat:
+        ids = file.encode(file.render_chat([{"role": "system", "content": text}], add_generation_prompt=False), add_bos=False)
+    else:
+        ids = file.encode(text)
+    if not ids:
+        raise ReflexError(f"the system prompt in {args.system_prompt} tokenizes to no tokens")
+    if len(ids) > file.config.n_ctx_train:
+        raise ReflexError(f"the system prompt is {len(ids)} tokens, longer than the model's context ({file.config.n_ctx_train})")
+    model = file.load(device=args.device, n_ctx=len(ids))
+    path = baked_state_path(args.model)
+    with file.timings.phase("prompt_eval"):
+        model.bake_prompt(ids, path)
+    print(f"wrote {path} (the system prompt's KV: {len(ids)} tokens on {model.device}, "
+          f"{file.timings.phases['prompt_eval_ms']:.0f} ms)")
 
 
 def _model_and_prompt(args) -> tuple[str, str]:
@@ -307,8 +337,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("smoke", help="run one kernel on the GPU and check it: the first command on a new machine")
     p.set_defaults(run=cmd_smoke)
 
-    p = sub.add_parser("prepare", help="write build-time caches beside the model (MODEL.reflex)")
+    p = sub.add_parser("prepare", help="write build-time caches beside the model (MODEL.reflex, MODEL.reflex-kv)")
     _add_model(p)
+    p.add_argument("--system-prompt", metavar="FILE", help="bake this text's KV into MODEL.reflex-kv: a prompt that starts "
+                   "with its tokens skips their prefill")
+    p.add_argument("--chat", action="store_true", help="with --system-prompt: FILE is a system message's content, rendered "
+                   "with the model's chat template as the system turn")
+    p.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"), help="where --system-prompt is evaluated "
+                   "(its cache is f16 from CUDA, f32 from the CPU; either device reads either)")
     p.set_defaults(run=cmd_prepare)
 
     p = sub.add_parser("stdio", help="serve JSON-line requests on stdin/stdout, one at a time (docs/protocol.md)")

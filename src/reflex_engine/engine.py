@@ -418,16 +418,31 @@ class Model:
     def _restore(self, start, timings: Timings) -> None:
         from .kvstate import mapped_arrays
 
-        if start.state is None:
+        if not start.cached:
             return
-        with timings.phase("kv_import"), mapped_arrays(start.state) as arrays:
-            self.ops.import_cache(self.cache, arrays, len(start.state.tokens))
+        with timings.phase("kv_import"), mapped_arrays(start.state, start.cached) as arrays:
+            self.ops.import_cache(self.cache, arrays, start.cached)
 
     def _check_export(self, path: str | None) -> None:
         from .kvstate import check_writable
 
         if path is not None:
             check_writable(path)  # before the work, not after it
+
+    def bake_prompt(self, prompt: Prompt, path: str | None = None) -> list[int]:
+        """Evaluate `prompt` from slot 0 and write its state to path (default: beside the model,
+        where every later request whose prompt starts with it takes it: `reflex prepare
+        --system-prompt`). Returns the prompt's token ids."""
+        from .kvstate import baked_state_path
+
+        ids = self._prompt_ids(prompt)
+        self._check_fits(len(ids), "the prompt")
+        path = path or baked_state_path(self.file.gguf.path)
+        self._check_export(path)
+        for _ in self._passes(Batch.causal(ids, 0), []):
+            pass  # no logits wanted: the cache is the product
+        self._write_state(path, ids, [], None)
+        return ids
 
     def _write_state(self, path: str, tokens: list[int], pending: list[int], sampler: dict | None) -> None:
         from .kvstate import write_state

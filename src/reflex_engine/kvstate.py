@@ -45,6 +45,7 @@ ALIGN = 64
 DTYPES = {"f32": 4, "f16": 2}
 SAMPLE_BYTES = 4096  # of each tensor, into the fingerprint: fine-tunes of one base share a directory
 MAX_HEADER = 1 << 30
+SEAM_TOKENS = 4  # a baked prompt still serves a prompt that differs from it in its last few tokens
 
 
 class StateHeader(NamedTuple):
@@ -249,8 +250,10 @@ def _check_arrays(state: StateHeader, config, data_end: int) -> None:
 
 
 @contextmanager
-def mapped_arrays(state: StateHeader) -> Iterator[dict[str, StateArray]]:
-    """The arrays as zero-copy views of the file mapping, for a backend's import_cache."""
+def mapped_arrays(state: StateHeader, n_tokens: int) -> Iterator[dict[str, StateArray]]:
+    """The arrays' first n_tokens rows as zero-copy views of the file mapping, for a backend's
+    import_cache (a slot's keys and values depend only on the tokens up to it: a prefix of the
+    rows is the cache of a prefix of the tokens)."""
     try:
         with open(state.path, "rb") as f:
             if _identity(os.fstat(f.fileno())) != state.identity:
@@ -262,6 +265,7 @@ def mapped_arrays(state: StateHeader) -> Iterator[dict[str, StateArray]]:
     try:
         arrays = {}
         for name, dtype, shape, offset in state.arrays:
+            shape = (n_tokens, *shape[1:])
             view = memoryview(mapped)[offset : offset + DTYPES[dtype] * _count(shape)]
             views.append(view)
             arrays[name] = StateArray(name, dtype, shape, view)
@@ -283,8 +287,8 @@ class Start(NamedTuple):
     """A request's context and how much of it the cache already holds."""
 
     ids: list[int]  # the whole context: imported tokens, pending ones, the new prompt
-    cached: int  # slots 0..cached-1 hold ids[:cached]; the pass starts there
-    state: StateHeader | None
+    cached: int  # slots 0..cached-1 take ids[:cached] from the state; the pass starts there
+    state: StateHeader | None  # None: nothing to import (cached is 0)
 
 
 def resume(state: StateHeader, new_ids: list[int], n_ctx: int) -> Start:
@@ -297,10 +301,19 @@ def resume(state: StateHeader, new_ids: list[int], n_ctx: int) -> Start:
 
 
 def prefix(state: StateHeader | None, ids: list[int]) -> Start:
-    """A baked prompt reused when ids start with its tokens; else a plain start."""
-    if state is None or state.pending or ids[: len(state.tokens)] != state.tokens:
+    """A baked prompt reused when ids start with its tokens, or with all but its last SEAM_TOKENS
+    (the prompt's text continued the baked text's last word or whitespace, and the tokenizer
+    merged across the seam): then the tokens they share are not evaluated again."""
+    shared = 0
+    if state is not None:
+        for a, b in zip(state.tokens, ids):
+            if a != b:
+                break
+            shared += 1
+    if state is None or shared < len(state.tokens) - SEAM_TOKENS:
         return Start(ids, 0, None)
-    return Start(ids, _cached(state, ids), state)
+    cached = min(shared, len(ids) - 1)
+    return Start(ids, cached, state if cached else None)
 
 
 def _cached(state: StateHeader, ids: list[int]) -> int:
