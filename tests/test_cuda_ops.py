@@ -45,7 +45,14 @@ def random_weight(qtype: str, n_rows: int, n_cols: int) -> bytes:
 def both(gpu, qtype, n_rows, n_cols):
     data = random_weight(qtype, n_rows, n_cols)
     t, shape = GGMLType[qtype], (n_cols, n_rows)
-    return cpu.load_weight("w", t, shape, data), gpu.load_weight("w", t, shape, data)
+    return cpu.load_weight("w", t, shape, data), loaded(gpu, "w", t, shape, data)
+
+
+def loaded(gpu, name, t, shape, data):
+    """A weight on the device: load_weight defers copies of stored blocks to commit_weights."""
+    weight = gpu.load_weight(name, t, shape, data)
+    gpu.commit_weights()
+    return weight
 
 
 def host(gpu, x):
@@ -84,7 +91,7 @@ def test_embed_rows_are_the_exact_dequantized_rows(gpu, qtype):
 def test_rms_norm(gpu, width, d):
     x = rng.standard_normal((5, width)).astype(np.float32) * 3
     w = rng.standard_normal(d).astype(np.float32)
-    w_gpu = gpu.load_weight("n", GGMLType.F32, (d,), w.tobytes())
+    w_gpu = loaded(gpu, "n", GGMLType.F32, (d,), w.tobytes())
     got = gpu.to_host(gpu.rms_norm(host(gpu, x), w_gpu, 1e-6))
     np.testing.assert_allclose(got, cpu.rms_norm(x, w, 1e-6), rtol=2e-6, atol=1e-6)
 
@@ -96,7 +103,7 @@ def test_rope(gpu, mode, head_dim, n_rot, factors):
     positions = [0, 1, 2, 37, 300, 4095]
     rope = Rope(mode, n_rot, 500000.0 if factors else 10000.0, 0.5 if n_rot < head_dim else 1.0)
     ff = rng.uniform(1, 8, n_rot // 2).astype(np.float32) if factors else None
-    ff_gpu = gpu.load_weight("f", GGMLType.F32, (n_rot // 2,), ff.tobytes()) if factors else None
+    ff_gpu = loaded(gpu, "f", GGMLType.F32, (n_rot // 2,), ff.tobytes()) if factors else None
     got = gpu.to_host(gpu.rope(host(gpu, x), positions, head_dim, rope, freq_factors=ff_gpu))
     np.testing.assert_allclose(got, cpu.rope(x, positions, head_dim, rope, freq_factors=ff), rtol=1e-6, atol=1e-6)
 
@@ -182,7 +189,7 @@ def test_types_without_kernels_become_f16_at_load(gpu, qtype, scale_at):
     blocks = rng.integers(0, 256, (70 * 512 // block, size), dtype=np.uint8)
     blocks[:, scale_at : scale_at + 2] = rng.uniform(0.001, 0.01, len(blocks)).astype("<f2").view(np.uint8).reshape(-1, 2)
     t, shape = GGMLType[qtype], (512, 70)
-    w_cpu, w_gpu = cpu.load_weight("w", t, shape, blocks.tobytes()), gpu.load_weight("w", t, shape, blocks.tobytes())
+    w_cpu, w_gpu = cpu.load_weight("w", t, shape, blocks.tobytes()), loaded(gpu, "w", t, shape, blocks.tobytes())
     assert w_gpu.ggml_type == GGMLType.F16
     x = rng.standard_normal((2, 512)).astype(np.float32)
     # the only difference from the reference is the f16 rounding of each weight
@@ -193,7 +200,7 @@ def test_types_without_kernels_become_f16_at_load(gpu, qtype, scale_at):
 def test_norm_weights_stored_as_f16_are_widened_to_f32(gpu):
     x = rng.standard_normal((3, 256)).astype(np.float32)
     w = rng.standard_normal(256).astype(np.float16)
-    w_gpu = gpu.load_weight("n", GGMLType.F16, (256,), w.tobytes())
+    w_gpu = loaded(gpu, "n", GGMLType.F16, (256,), w.tobytes())
     np.testing.assert_allclose(gpu.to_host(gpu.rms_norm(host(gpu, x), w_gpu, 1e-5)), cpu.rms_norm(x, w.astype(np.float32), 1e-5),
                                rtol=2e-6, atol=1e-6)
 

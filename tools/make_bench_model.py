@@ -16,9 +16,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader, GGUFWriter
 
-SHAPES = {  # layers, embedding, FFN, heads, KV heads, head width
-    "0.6b": (28, 1024, 3072, 16, 8, 128),
-    "8b": (36, 4096, 12288, 32, 8, 128),
+SHAPES = {  # layers, embedding, FFN, heads, KV heads, head width, own LM head (not tied to the embeddings)
+    "0.6b": (28, 1024, 3072, 16, 8, 128, False),
+    "8b": (36, 4096, 12288, 32, 8, 128, True),
 }
 BLOCK = {T.Q4_K: (256, 144, (0, 2)), T.Q6_K: (256, 210, (208,))}  # elements, bytes, f16 scale offsets
 
@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--shape", choices=SHAPES, default="0.6b")
     args = ap.parse_args()
-    n_layers, e, f, h, hkv, d = SHAPES[args.shape]
+    n_layers, e, f, h, hkv, d, lm_head = SHAPES[args.shape]
     vocab = GGUFReader(args.vocab)
     n_vocab = len(vocab.fields["tokenizer.ggml.tokens"].data)
     w = GGUFWriter(args.out, "qwen3")
@@ -67,7 +67,9 @@ def main() -> None:
     def norm(name, n):
         w.add_tensor(name, rng.uniform(0.8, 1.2, n).astype(np.float32))
 
-    quant("token_embd.weight", T.Q6_K, n_vocab, e)
+    quant("token_embd.weight", T.Q4_K if lm_head else T.Q6_K, n_vocab, e)  # as llama.cpp's Q4_K_M
+    if lm_head:
+        quant("output.weight", T.Q6_K, n_vocab, e)
     norm("output_norm.weight", e)
     for i in range(n_layers):
         more_bits = i < n_layers // 8 or i >= 7 * n_layers // 8 or (i - n_layers // 8) % 3 == 2  # as llama.cpp's Q4_K_M

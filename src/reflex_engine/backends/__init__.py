@@ -1,21 +1,76 @@
-"""Backends implementing the Ops protocol (reflex_engine.ops)."""
-from ..errors import ReflexError
+"""Backends implementing the Ops protocol (reflex_engine.ops), and starting them early.
+
+A cold process spends ~150-250 ms in the CUDA driver (cuInit, the primary context, the kernel
+image) before it can use the GPU. `start_backend` begins that on a thread at once, so the caller
+opens the GGUF, builds the tokenizer and encodes the prompt meanwhile (ctypes releases the GIL
+for every driver call); `BackendStart.ops()` then joins it.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from ..errors import CudaUnavailable, ReflexError
 
 DEVICES = ("cpu", "cuda", "auto")
+INIT_SWITCH_INTERVAL_S = 1e-4
+
+
+class BackendStart:
+    """A backend being created: for `cuda` and `auto` the driver initialises on a thread from
+    the moment this exists. `auto` is CUDA when a GPU, its driver and this install's kernels are
+    there, else the CPU."""
+
+    def __init__(self, device: str):
+        if device not in DEVICES:
+            raise ReflexError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
+        self.device = device
+        self.cuda_init_ms: float | None = None  # the driver's time on the thread
+        self._cuda = self._error = None
+        self._thread = None
+        if device != "cpu":
+            from .cuda.device import configure_driver_environment
+
+            configure_driver_environment()  # before the thread: setenv is not safe beside getenv
+            # Each time a driver call returns, the init thread needs the GIL back from the busy main
+            # thread, which yields it only every switch interval (5 ms): ~20 calls, up to ~100 ms.
+            self._switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(INIT_SWITCH_INTERVAL_S)
+            self._thread = threading.Thread(target=self._init_cuda, name="reflex-cuda-init", daemon=True)
+            self._thread.start()
+
+    def _init_cuda(self) -> None:
+        from .cuda.device import Device
+
+        start = time.perf_counter()
+        try:
+            self._cuda = Device()
+        except BaseException as e:  # re-raised on the caller's thread by ops()
+            self._error = e
+        self.cuda_init_ms = (time.perf_counter() - start) * 1e3
+
+    def ops(self):
+        """The backend, once ready (blocks until the driver's init ends)."""
+        if self._thread is not None:
+            self._thread.join()
+            sys.setswitchinterval(self._switch_interval)
+            if self._error is None:
+                from .cuda import CudaOps
+
+                return CudaOps(self._cuda)
+            if not (isinstance(self._error, CudaUnavailable) and self.device == "auto"):
+                raise self._error
+        from .cpu import CpuOps  # imports numpy: only once a backend is actually wanted
+
+        return CpuOps()
 
 
 def create_backend(device: str):
-    """`auto` is CUDA when a GPU, its driver and this install's kernels are there, else the CPU."""
-    if device not in DEVICES:
-        raise ReflexError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
-    if device != "cpu":
-        from .cuda import CudaOps, CudaUnavailable
+    """The backend for `device`, created now (no overlap with other work)."""
+    return BackendStart(device).ops()
 
-        try:
-            return CudaOps()
-        except CudaUnavailable:
-            if device == "cuda":
-                raise
-    from .cpu import CpuOps  # imports numpy: only once a backend is actually wanted
 
-    return CpuOps()
+def started(device: str | BackendStart) -> BackendStart:
+    """A device name's backend, starting now; a BackendStart as it is."""
+    return BackendStart(device) if isinstance(device, str) else device

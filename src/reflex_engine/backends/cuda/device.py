@@ -26,6 +26,18 @@ class DeviceInfo(NamedTuple):
     driver_version: int  # cuDriverGetVersion: 12040 = CUDA 12.4
 
 
+# Context creation sets up a hardware work queue per connection, ~7 ms each on an H200 (8 by
+# default); the engine's one compute stream needs one, and copies on other streams still overlap
+# its kernels with a single copy queue. Defaults only: a variable already set is left alone.
+DRIVER_ENVIRONMENT = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "1"}
+
+
+def configure_driver_environment() -> None:
+    """Set DRIVER_ENVIRONMENT's defaults; call before the driver initialises, on the main thread."""
+    for name, value in DRIVER_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+
+
 def _init(drv: cu.Driver) -> None:
     try:
         drv.cuInit(0)
@@ -68,6 +80,10 @@ class Device:
             raise ReflexError(f"cannot load the CUDA kernels ({self.image.kind} {self.image.arch}) on "
                               f"{self.info.name} (sm_{self._sm}): {e}") from None
         self._functions: dict[str, Any] = {}
+
+    def make_current(self) -> None:
+        """Bind the context to the calling thread (it was made on the init thread)."""
+        self.drv.cuCtxSetCurrent(self.context)
 
     @property
     def _sm(self) -> str:

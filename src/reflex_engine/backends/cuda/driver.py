@@ -53,6 +53,7 @@ _SIGNATURES = {
     "cuMemHostUnregister": (c_void_p,),
     "cuStreamCreate": (POINTER(c_void_p), c_uint),
     "cuStreamSynchronize": (c_void_p,),
+    "cuStreamDestroy_v2": (c_void_p,),
     "cuEventCreate": (POINTER(c_void_p), c_uint),
     "cuEventRecord": (c_void_p, c_void_p),
     "cuEventSynchronize": (c_void_p,),

@@ -1,0 +1,411 @@
+"""Cold start side by side: the driver's floor, Reflex and llama.cpp, launch to first token and
+to exit, in milliseconds and joules. Run on the GPU machine:
+
+    python bench/cold_start.py --model 0.6b=Q06.gguf --model 8b=Q8B.gguf --llama-bin LLAMA/build/bin \
+        --floor-bin BUILD --python VENV/bin/python [--n 10] [--deadline-s 600]
+
+Every row runs as n fresh processes, rounds interleaved (one run of every row, then the next
+round). The parent timestamps the child's stdout: launch -> first token (the first bytes of the
+generated text, or the first result line) and launch -> exit. NVML's energy counter is read at
+launch, first token and exit (it moves in ~12.5 J steps on an H200: only averages mean much),
+beside an idle baseline measured before and after. Model files are read once before the rounds,
+so the page cache is warm, except in the rows marked "dropped cache", which evict the file
+(posix_fadvise DONTNEED) before each run. Every run is kept in raw.jsonl, failures included;
+table.md and phases.png summarise them. --deadline-s stops starting rounds that would not finish
+in time (the table says how many ran); --resume DIR adds rounds to an earlier run's raw.jsonl.
+
+BUILD holds `floor` (gcc -O2 bench/floor.c -ldl) and `floor.cubin` (nvcc -cubin of
+bench/floor_kernel.cu); without them the floor rows are left out, as are llama.cpp's without
+--llama-bin. Needs the engine importable (PYTHONPATH=src) for prompt lengths; matplotlib for the
+plot, nvidia-ml-py for energy (each optional).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import NamedTuple
+
+PASSAGE = ("The committee met on a grey morning to review the quarterly figures, and the discussion soon turned to "
+           "the question of whether the new warehouse in the north should open before the winter or wait until the "
+           "roads were repaired in spring. Several members argued that delay would cost more than it saved. ")
+DRIVER_SETTINGS = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "1"}  # what Reflex sets
+PIPE_BUFFER = 4096  # stdio's buffer on a pipe: an unflushed echo arrives in pieces of this size
+RUN_TIMEOUT_S = 120
+
+
+class Row(NamedTuple):
+    name: str
+    engine: str  # "floor", "reflex", "llama.cpp", "python"
+    model: str  # model tag ("0.6b"), "" for the floors
+    prompt: str  # prompt tag ("16"), ""
+    cmd: list[str]
+    first: str  # "line:PREFIX" | "bytes" (first stdout bytes) | "echo:N" (first bytes after N echoed) | "" (exit only)
+    env: dict[str, str] = {}
+    drop_cache: str = ""  # a file to evict from the page cache before each run
+
+
+# -- prompts ---------------------------------------------------------------------------------------
+
+def prompt_of(model_path: str, n_tokens: int) -> tuple[str, int]:
+    """The longest prefix of the repeated passage (whole words) that tokenizes to <= n_tokens."""
+    from reflex_engine.gguf import GGUFFile
+    from reflex_engine.tokenizer import Tokenizer
+
+    with GGUFFile(model_path) as f:
+        tok = Tokenizer.from_gguf(f)
+    words = (PASSAGE * (1 + n_tokens // 40)).split()
+    count = lambda k: len(tok.encode(" ".join(words[:k]), add_bos=False))
+    lo, hi = 1, len(words)
+    while lo < hi:  # the largest k with count(k) <= n_tokens
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if count(mid) <= n_tokens else (lo, mid - 1)
+    return " ".join(words[:lo]), count(lo)
+
+
+# -- the rows --------------------------------------------------------------------------------------
+
+def build_rows(args, prompts: dict[tuple[str, str], str]) -> list[Row]:
+    py, rows = args.python, []
+    floor, cubin = os.path.join(args.floor_bin or "", "floor"), os.path.join(args.floor_bin or "", "floor.cubin")
+    if args.floor_bin and os.path.exists(floor) and os.path.exists(cubin):
+        here = os.path.dirname(os.path.abspath(__file__))
+        for settings, suffix in (({}, ""), (DRIVER_SETTINGS, ", Reflex's driver settings")):
+            rows.append(Row(f"floor, C{suffix}", "floor", "", "", [floor, cubin], "line:FLOOR_OK", settings))
+            rows.append(Row(f"floor, python3 + ctypes{suffix}", "floor", "", "", [py, os.path.join(here, "floor.py"), cubin],
+                            "line:FLOOR_OK", settings))
+    rows.append(Row("python3 -c pass", "python", "", "", [py, "-c", "pass"], ""))
+    llama = args.llama_bin
+    for (tag, p), text in prompts.items():
+        model = dict(args.model)[tag]
+        reflex = [py, "-m", "reflex_engine"]
+        common = [model, text, "--device", args.device]
+        short = int(p) <= args.long_prompt // 2  # the rows that only the short prompts get, to fit a device call
+        generate = reflex + ["generate"] + common + ["--temp", "0", "--ignore-eos", "-n"]
+        rows += [
+            Row("Reflex system1", "reflex", tag, p, reflex + ["system1"] + common + ["--candidate", " yes", "--candidate", " no"],
+                "line:REFLEX_SYSTEM1_CANDIDATE_OK"),
+            Row("Reflex generate -n 1", "reflex", tag, p, generate + ["1"], "bytes"),
+        ]
+        if short:
+            rows.append(Row("Reflex generate -n 32", "reflex", tag, p, generate + ["32"], "bytes"))
+        if p == args.extra_prompt and tag == args.extra_model:
+            rows += [
+                Row("Reflex generate -n 1, REFLEX_FAST_EXIT=0", "reflex", tag, p, generate + ["1"], "bytes", {"REFLEX_FAST_EXIT": "0"}),
+                Row("Reflex generate -n 1, dropped cache", "reflex", tag, p, generate + ["1"], "bytes", drop_cache=model),
+            ]
+        if llama:
+            ctx = "512" if int(p) <= 256 else str(2 * int(p))
+            simple = [os.path.join(llama, "llama-simple"), "-m", model, "-n", "1", "-ngl", "99", text]
+            completion = [os.path.join(llama, "llama-completion"), "-m", model, "-p", text, "-n", "1", "-ngl", "99", "-c", ctx,
+                          "-fit", "off", "-no-cnv", "--no-display-prompt", "--temp", "0"]
+            echo = len(text.encode()) // PIPE_BUFFER * PIPE_BUFFER
+            rows += [
+                Row("llama.cpp llama-simple -n 1 -ngl 99", "llama.cpp", tag, p, simple, f"echo:{echo}"),
+                Row(f"llama.cpp llama-completion --no-warmup -c {ctx}", "llama.cpp", tag, p, completion + ["--no-warmup"], "bytes"),
+            ]
+            if short:
+                rows.append(Row(f"llama.cpp llama-completion -c {ctx} (with warm-up)", "llama.cpp", tag, p, completion, "bytes"))
+            if p == args.extra_prompt and tag == args.extra_model:
+                rows.append(Row(f"llama.cpp llama-completion --no-warmup -c {ctx}, dropped cache", "llama.cpp", tag, p,
+                                completion + ["--no-warmup"], "bytes", drop_cache=model))
+    return rows
+
+
+# -- one run ---------------------------------------------------------------------------------------
+
+class Energy:
+    """NVML's total-energy counter of GPU 0, in joules (None without nvidia-ml-py or a GPU)."""
+
+    def __init__(self):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handle, self._nvml = pynvml.nvmlDeviceGetHandleByIndex(0), pynvml
+        except Exception:  # no library, no driver: the table says so
+            self._nvml = None
+
+    def read(self) -> float | None:
+        return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) / 1e3 if self._nvml else None
+
+    def idle_watts(self, seconds: float) -> float | None:
+        a, t = self.read(), time.perf_counter()
+        time.sleep(seconds)
+        b = self.read()
+        return None if a is None else (b - a) / (time.perf_counter() - t)
+
+
+def evict(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def run_once(row: Row, energy: Energy) -> dict:
+    if row.drop_cache:
+        evict(row.drop_cache)
+    env = {**os.environ, **row.env}
+    with tempfile.TemporaryFile() as err:
+        e0, t0 = energy.read(), time.perf_counter()
+        proc = subprocess.Popen(row.cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env)
+        out, first_ms, e_first = b"", None, None
+        mode, _, arg = row.first.partition(":")
+        watchdog = threading.Timer(RUN_TIMEOUT_S, proc.kill)
+        watchdog.start()
+        while True:
+            chunk = os.read(proc.stdout.fileno(), 1 << 16)
+            now = time.perf_counter()
+            if not chunk:
+                break
+            before, out = len(out), out + chunk
+            if first_ms is None and (mode == "bytes" or mode == "echo" and len(out) > int(arg)
+                                     or mode == "line" and re.search(rb"(^|\n)" + re.escape(arg.encode()), out)):
+                first_ms, e_first = (now - t0) * 1e3, energy.read()
+        rc = proc.wait()
+        watchdog.cancel()
+        exit_ms, e_exit = (time.perf_counter() - t0) * 1e3, energy.read()
+        err.seek(0)
+        stderr = err.read()[-2000:].decode(errors="replace")
+    text = out.decode(errors="replace")
+    ok = rc == 0 and (first_ms is not None or not row.first)
+    return {"row": row.name, "model": row.model, "prompt": row.prompt, "rc": rc, "ok": ok, "first_ms": first_ms, "exit_ms": exit_ms,
+            "j_first": None if e0 is None or e_first is None else e_first - e0, "j_exit": None if e0 is None else e_exit - e0,
+            "phases": result_fields(text) if row.engine == "reflex" else {},
+            "stdout_tail": text[-600:], "stderr_tail": "" if ok else stderr}
+
+
+def result_fields(stdout: str) -> dict[str, float]:
+    """The numeric key=value fields of Reflex's result line (REFLEX_*_OK ...)."""
+    lines = [ln for ln in stdout.splitlines() if re.match(r"REFLEX_(GENERATE|SYSTEM1)_OK ", ln)]
+    fields = {}
+    for key, value in re.findall(r"(\w+)=(-?[0-9.]+(?:e-?\d+)?)(?=\s|$)", lines[-1] if lines else ""):
+        fields[key] = float(value)
+    return fields
+
+
+# -- the summary -----------------------------------------------------------------------------------
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def summarise(rows: list[Row], runs: list[dict], meta: dict) -> tuple[str, dict]:
+    by_row: dict[tuple, list[dict]] = {}
+    for r in runs:
+        by_row.setdefault((r["row"], r["model"], r["prompt"]), []).append(r)
+    stats = {}
+    for key, rs in by_row.items():
+        ok = [r for r in rs if r["ok"]]
+        s = {"n": len(ok), "failed": len(rs) - len(ok)}
+        for field in ("first_ms", "exit_ms", "j_first", "j_exit"):
+            vals = [r[field] for r in ok if r[field] is not None]
+            if vals:
+                s[field] = {"p50": statistics.median(vals), "p95": pct(vals, 0.95), "min": min(vals)}
+        phases = {}
+        for r in ok:
+            for k, v in r["phases"].items():
+                phases.setdefault(k, []).append(v)
+        s["phases"] = {k: statistics.median(v) for k, v in phases.items()}
+        if meta.get("idle_w") is not None and "exit_ms" in s and "j_exit" in s:
+            s["j_exit_above_idle"] = s["j_exit"]["p50"] - meta["idle_w"] * s["exit_ms"]["p50"] / 1e3
+        stats[key] = s
+
+    def cell(s, field, unit="ms", digits=0):
+        v = s.get(field)
+        return "–" if not v else f"{v['p50']:.{digits}f} ({v['p95']:.{digits}f}, {v['min']:.{digits}f})"
+
+    lines = [f"# Cold start, {meta['date']}, {meta['gpu']}", "",
+             f"Driver {meta['driver']}, {meta['python']}; page cache warm except where a row says "
+             f"\"dropped cache\"; n fresh processes per row, rounds interleaved; idle GPU power "
+             f"{meta['idle_w']:.1f} W" if meta.get("idle_w") is not None else "energy: not measured", "",
+             "| model | prompt tokens | process | n | launch→first token p50 (p95, min) ms | launch→exit p50 (p95, min) ms "
+             "| J launch→first token p50 | J launch→exit p50 | J launch→exit above idle |", "|---|---|---|---|---|---|---|---|---|"]
+    seen = []
+    for row in rows:
+        key = (row.name, row.model, row.prompt)
+        if key in seen or key not in stats:
+            continue
+        seen.append(key)
+        s = stats[key]
+        j = lambda f: "–" if f not in s else f"{s[f]['p50']:.1f}"
+        above = f"{s['j_exit_above_idle']:.1f}" if "j_exit_above_idle" in s else "–"
+        tokens = meta["prompt_tokens"].get(f"{row.model}/{row.prompt}", "") if row.model else ""
+        failed = f" ({s['failed']} failed)" if s["failed"] else ""
+        lines.append(f"| {row.model or '–'} | {tokens or '–'} | {row.name} | {s['n']}{failed} | {cell(s, 'first_ms')} | "
+                     f"{cell(s, 'exit_ms')} | {j('j_first')} | {j('j_exit')} | {above} |")
+    lines += ["", "Reflex's own phases (p50 of its result lines, ms; cuda_init ran on a thread beside the host path):", "",
+              "| model | prompt | process | interpreter | gguf_open | tokenizer | cuda_init | hidden | backend wait | upload (GB/s) "
+              "| prompt_eval | first_token (since import) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        s = stats.get((row.name, row.model, row.prompt))
+        if row.engine != "reflex" or not s or not s["phases"]:
+            continue
+        ph = s["phases"]
+        g = lambda k: f"{ph[k]:.1f}" if k in ph else "–"
+        up = f"{g('upload_ms')} ({ph['upload_gb_per_s']:.1f})" if "upload_gb_per_s" in ph else g("upload_ms")
+        lines.append(f"| {row.model} | {row.prompt} | {row.name} | {g('interpreter_ms')} | {g('gguf_open_ms')} | {g('tokenizer_ms')} | "
+                     f"{g('cuda_init_ms')} | {g('cuda_init_hidden_ms')} | {g('backend_init_ms')} | {up} | {g('prompt_eval_ms')} | "
+                     f"{g('first_token_ms')} |")
+    lines += ["", *ratios(stats)]
+    return "\n".join(lines) + "\n", stats
+
+
+def ratios(stats: dict) -> list[str]:
+    """Reflex against the floor at default settings and against llama.cpp's best row, same run."""
+    def p50(key, field):
+        s = stats.get(key, {})
+        return s.get(field, {}).get("p50")
+
+    floor = {f: p50(("floor, python3 + ctypes", "", ""), f) for f in ("first_ms", "exit_ms", "j_exit")}
+    out = ["| model | prompt | Reflex generate -n 1 first token / exit | ÷ Python floor (first, exit, J) | "
+           "llama.cpp best first token / exit | llama.cpp ÷ Reflex (first, exit) |", "|---|---|---|---|---|---|"]
+    for (name, model, prompt) in sorted(k for k in stats if k[0] == "Reflex generate -n 1"):
+        r = {f: p50((name, model, prompt), f) for f in ("first_ms", "exit_ms", "j_exit")}
+        peers = [k for k in stats if k[0].startswith("llama.cpp") and k[1:] == (model, prompt) and "dropped" not in k[0]]
+        best = {f: min((p50(k, f) for k in peers if p50(k, f) is not None), default=None) for f in ("first_ms", "exit_ms")}
+        div = lambda a, b: f"{a / b:.2f}" if a is not None and b else "–"
+        out.append(f"| {model} | {prompt} | {r['first_ms'] or 0:.0f} / {r['exit_ms'] or 0:.0f} ms | "
+                   f"{div(r['first_ms'], floor['first_ms'])}, {div(r['exit_ms'], floor['exit_ms'])}, {div(r['j_exit'], floor['j_exit'])} | "
+                   + (f"{best['first_ms']:.0f} / {best['exit_ms']:.0f} ms | {div(best['first_ms'], r['first_ms'])}, "
+                      f"{div(best['exit_ms'], r['exit_ms'])} |" if best["first_ms"] else "– | – |"))
+    return out
+
+
+def plot(rows: list[Row], stats: dict, path: str, title: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    keys = []
+    for row in rows:
+        key = (row.name, row.model, row.prompt)
+        if key in stats and "exit_ms" in stats[key] and key not in keys:
+            keys.append(key)
+    fig, ax = plt.subplots(figsize=(11, 0.32 * len(keys) + 1.5))
+    colours = {"floor": "#888888", "python": "#bbbbbb", "reflex": "#1f77b4", "llama.cpp": "#d62728"}
+    engine = {(r.name, r.model, r.prompt): r.engine for r in rows}
+    phase_colours = [("interpreter_ms", "#c6dbef"), ("host_ms", "#9ecae1"), ("backend_init_ms", "#6baed6"),
+                     ("upload_ms", "#3182bd"), ("prompt_eval_ms", "#08519c")]
+    for y, key in enumerate(keys):
+        s = stats[key]
+        first, exit_ = s.get("first_ms", {}).get("p50"), s["exit_ms"]["p50"]
+        ax.barh(y, exit_, color=colours[engine[key]], alpha=0.35)
+        if first:
+            ax.barh(y, first, color=colours[engine[key]], alpha=0.9)
+        ph = s["phases"]
+        if engine[key] == "reflex" and "interpreter_ms" in ph:  # the critical path, in order
+            left = 0.0
+            ph = {**ph, "host_ms": ph.get("gguf_open_ms", 0) + ph.get("tokenizer_ms", 0)}
+            for k, c in phase_colours:
+                width = ph.get(k, 0.0)
+                ax.barh(y, width, left=left, height=0.35, color=c, edgecolor="white", linewidth=0.3)
+                left += width
+    ax.set_yticks(range(len(keys)))
+    ax.set_yticklabels([f"{m + ' ' if m else ''}{p + ' tok ' if p else ''}{n}" for n, m, p in keys], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms from launch (p50): dark = first token, light = exit; Reflex's inner bar: interpreter, "
+                  "host path, unhidden CUDA init, upload, prompt eval")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    return True
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+def machine() -> dict:
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0].split(", ")
+    except (OSError, IndexError, subprocess.SubprocessError):
+        q = ["no GPU", "–"]
+    return {"gpu": q[0], "driver": q[1], "python": f"Python {platform.python_version()}", "cpus": os.cpu_count(),
+            "date": datetime.date.today().isoformat()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", action="append", default=[], type=lambda s: tuple(s.split("=", 1)), metavar="TAG=PATH", required=True)
+    ap.add_argument("--prompt-tokens", default="16,1024")
+    ap.add_argument("--long-prompt", type=int, default=1024,
+                    help="prompts over half this get no generate -n 32 and no llama.cpp warm-up row (time)")
+    ap.add_argument("--llama-bin", help="llama.cpp's build/bin (llama-simple, llama-completion)")
+    ap.add_argument("--floor-bin", help="a folder with floor and floor.cubin")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter for Reflex and the Python floor")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--n", type=int, default=10)
+    ap.add_argument("--deadline-s", type=float, default=1e9, help="start no round that would end later than this")
+    ap.add_argument("--extra-model", default="0.6b", help="the model of the fast-exit and dropped-cache rows")
+    ap.add_argument("--extra-prompt", default="16")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--resume", help="a results folder to add rounds to")
+    args = ap.parse_args()
+    t_end = time.monotonic() + args.deadline_s
+    meta = machine()
+    prompts, counts = {}, {}
+    for tag, path in args.model:
+        for n in map(int, args.prompt_tokens.split(",")):
+            prompts[tag, str(n)], counts[f"{tag}/{n}"] = prompt_of(path, n)
+    meta["prompt_tokens"] = counts
+    rows = build_rows(args, prompts)
+    for _, path in args.model:  # page cache warm
+        with open(path, "rb") as fh:
+            while fh.read(64 << 20):
+                pass
+    slug = re.sub(r"[^a-z0-9]+", "-", meta["gpu"].lower()).strip("-")
+    out = args.resume or os.path.join(args.out, f"{meta['date']}-{slug}")
+    os.makedirs(out, exist_ok=True)
+    raw_path = os.path.join(out, "raw.jsonl")
+    energy = Energy()
+    idle = [energy.idle_watts(3.0)]
+    print(f"{len(rows)} rows; idle {idle[0]} W; results in {out}", flush=True)
+    rounds = 0
+    with open(raw_path, "a") as raw:
+        while rounds < args.n:
+            start = time.monotonic()
+            for row in rows:
+                r = run_once(row, energy)
+                r["round"] = rounds
+                raw.write(json.dumps(r) + "\n")
+                raw.flush()
+                if not r["ok"]:
+                    print(f"FAILED {row.name} {row.model} {row.prompt}: rc={r['rc']} {r['stderr_tail'][-300:]!r}", flush=True)
+                time.sleep(0.2)  # let the GPU settle back toward idle between processes
+            rounds += 1
+            took = time.monotonic() - start
+            print(f"round {rounds}: {took:.1f} s", flush=True)
+            if time.monotonic() + took > t_end:
+                print(f"stopping after {rounds} rounds: the next would pass the deadline", flush=True)
+                break
+    idle.append(energy.idle_watts(3.0))
+    meta["idle_w"] = statistics.mean(idle) if None not in idle else None
+    meta["commands"] = {f"{r.name} [{r.model} {r.prompt}]": {"cmd": r.cmd, "env": r.env} for r in rows}
+    with open(raw_path) as fh:
+        runs = [json.loads(line) for line in fh]
+    table, stats = summarise(rows, runs, meta)
+    with open(os.path.join(out, "table.md"), "w") as fh:
+        fh.write(table)
+    with open(os.path.join(out, "meta.json"), "w") as fh:
+        json.dump(meta, fh, indent=1)
+    plotted = plot(rows, stats, os.path.join(out, "phases.png"), f"Cold start, {meta['gpu']}, {meta['date']}")
+    print(table + ("" if plotted else "\n(no matplotlib: no plot)"), flush=True)
+
+
+if __name__ == "__main__":
+    main()
