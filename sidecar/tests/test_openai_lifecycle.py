@@ -169,10 +169,11 @@ def test_restart_replaces_a_dead_engine():
         assert sidecar.stop() == 0
 
 
-def test_a_model_that_does_not_load_is_unhealthy_and_exits(tmp_path):
+@pytest.mark.parametrize("on_exit", ["exit", "restart"])  # restarting an engine that never loaded would not help
+def test_a_model_that_does_not_load_is_unhealthy_and_exits(tmp_path, on_exit):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\x00" * 64)
-    sidecar = Sidecar(str(broken), "--exit-delay", "1", wait=False)
+    sidecar = Sidecar(str(broken), "--exit-delay", "1", "--on-engine-exit", on_exit, wait=False)
     try:
         sidecar.wait_for_health(503)
         assert sidecar.http.post("/v1/completions", json={"model": str(broken), "prompt": "x"}).status_code == 503
@@ -230,3 +231,11 @@ def test_a_model_without_a_chat_template_gets_the_role_labelled_fallback(tmp_pat
     finally:
         reference.close()
         assert sidecar.stop() == 0
+
+
+def test_sigint_stops_cleanly_with_130():
+    sidecar = Sidecar(FIXTURE)
+    sidecar.proc.send_signal(signal.SIGINT)
+    assert sidecar.proc.wait(TIMEOUT) == 130
+    assert b"Traceback" not in sidecar.output()
+    sidecar.stop()

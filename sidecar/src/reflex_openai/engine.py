@@ -11,12 +11,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import subprocess
 import sys
+import time
 from collections import deque
 from typing import AsyncIterator, Callable
 
+from .process import spawn
+
 LINE_LIMIT = 64 << 20  # an answer line is far shorter; a request may be up to 16 MiB
 STOP_WAIT_S = 5.0  # after closing stdin at shutdown, before the child is killed
+POLL_S = 0.02  # how often a child that should be exiting is looked at
 
 
 class Busy(Exception):
@@ -47,7 +52,8 @@ class Engine:
         self.on_dead, self.on_queue_change = on_dead, on_queue_change
         self.state, self.info, self.exit_status = "loading", {}, None
         self.vocab: dict[int, str] = {}  # token id -> text, filled by detokenize; one child's vocabulary
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: subprocess.Popen | None = None
+        self._stdin: asyncio.StreamWriter | None = None
         self._waiters: deque[asyncio.Future] = deque()
         self._turn: Turn | None = None
         self._owed: deque = deque()  # ids of the requests written whose final line is not read yet
@@ -60,34 +66,34 @@ class Engine:
     def queued(self) -> int:
         return len(self._waiters)
 
-    async def start(self) -> None:
-        self.state, self.info, self._owed = "loading", {}, deque()
-        self.vocab = {}
+    async def start(self, child: subprocess.Popen | None = None) -> None:
+        """Watch `child` (one spawn() started), or a new child."""
+        self.state, self.info, self._owed, self.vocab = "loading", {}, deque(), {}
         try:
-            self._proc = await asyncio.create_subprocess_exec(
-                *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=LINE_LIMIT,
-                start_new_session=True)  # a Ctrl-C meant for us must not kill it before we can answer
+            proc = child or spawn(self.argv)
         except OSError as e:
             _log(f"cannot start the engine ({' '.join(self.argv)}): {e}")
             self.state = "dead"
             self.on_dead()
             return
-        self._reader = asyncio.get_running_loop().create_task(self._read(self._proc))
+        loop = asyncio.get_running_loop()
+        stdout = asyncio.StreamReader(limit=LINE_LIMIT)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdout), proc.stdout)
+        transport, protocol = await loop.connect_write_pipe(lambda: asyncio.StreamReaderProtocol(
+            asyncio.StreamReader()), proc.stdin)
+        self._proc, self._stdin = proc, asyncio.StreamWriter(transport, protocol, None, loop)
+        self._reader = loop.create_task(self._read(proc, stdout))
 
     async def close(self) -> None:
         """Shut down: no new turns; the child sees the end of its input and exits (killed if it lingers)."""
         self._closing = True
         proc = self._proc
-        if proc is None or proc.returncode is not None:
+        if proc is None or proc.poll() is not None:
             return
         if self._owed:
             self._write({"op": "cancel", "id": "shutdown"})
-        proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), STOP_WAIT_S)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
+        self._stdin.close()
+        await _exited(proc, STOP_WAIT_S)
 
     # -- turns ---------------------------------------------------------------------------------
 
@@ -141,7 +147,7 @@ class Engine:
         self._owed.append(request["id"])  # every request we write has an id, and every one is answered
         try:
             # ASCII JSON: a lone surrogate sent by a client stays an escape, which the engine accepts
-            self._proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self._stdin.write(json.dumps(request).encode() + b"\n")
         except (OSError, RuntimeError):
             pass  # the child has gone: the reader sees its end and fails the request
 
@@ -154,22 +160,25 @@ class Engine:
         self._write({**request, "id": request_id})
         return lines
 
-    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+    async def _read(self, proc: subprocess.Popen, stdout: asyncio.StreamReader) -> None:
+        broken = True  # the child broke the protocol: stop it now (rather than wait for its exit)
         try:
-            ready = json.loads(await proc.stdout.readline() or b"null")
+            ready = json.loads(await stdout.readline() or b"null")
             if not isinstance(ready, dict) or ready.get("type") != "ready":
                 _log(f"the engine did not start: {ready.get('message') if isinstance(ready, dict) else 'no ready line'}")
+                broken = False
                 return
             self.info, self.state = ready, "ready"
             self._grant()
-            while line := await proc.stdout.readline():
+            while line := await stdout.readline():
                 if not self._take(json.loads(line)):
                     _log(f"the engine's answer does not follow the protocol: {line[:200]!r}; stopping it")
                     return
+            broken = False
         except (ValueError, asyncio.LimitOverrunError) as e:
             _log(f"unreadable line from the engine ({e}); stopping it")
         finally:
-            await self._died(proc)
+            await self._died(proc, 0 if broken else STOP_WAIT_S)
 
     def _take(self, line: dict) -> bool:
         """Route one answer line to the request it answers; False if it answers none."""
@@ -183,13 +192,9 @@ class Engine:
             self._grant()
         return True
 
-    async def _died(self, proc: asyncio.subprocess.Process) -> None:
-        if proc.returncode is None:
-            try:
-                proc.kill()
-            except ProcessLookupError:
-                pass
-        self.exit_status = await proc.wait()
+    async def _died(self, proc: subprocess.Popen, wait_s: float) -> None:
+        self._stdin.close()
+        self.exit_status = await _exited(proc, wait_s)
         if self._closing:
             return
         _log(f"the engine exited (status {self.exit_status})")
@@ -250,6 +255,18 @@ class Turn:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+async def _exited(proc: subprocess.Popen, wait_s: float) -> int:
+    """The child's exit status, once it exits by itself within wait_s seconds, or is killed."""
+    deadline = time.monotonic() + wait_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        await asyncio.sleep(POLL_S)
+    if proc.poll() is None:
+        proc.kill()
+    while proc.poll() is None:
+        await asyncio.sleep(POLL_S)
+    return proc.returncode
 
 
 def _log(message: str) -> None:

@@ -37,8 +37,8 @@ class ClientGone(Exception):
 class Sidecar:
     """One sidecar: its configuration, its engine child, its metrics, and the routes over them."""
 
-    def __init__(self, cfg: Config):
-        self.cfg, self.metrics = cfg, Metrics()
+    def __init__(self, cfg: Config, child=None):
+        self.cfg, self.metrics, self._child = cfg, Metrics(), child  # child: a spawn()ed engine, else started here
         self.engine = Engine(cfg.engine_argv(), max_queue=cfg.max_queue, restart=cfg.on_engine_exit == "restart",
                              on_dead=self._engine_died, on_queue_change=self.metrics.queue_depth.set)
         self.exit_status = 0
@@ -74,7 +74,7 @@ class Sidecar:
 
     @asynccontextmanager
     async def _lifespan(self, app):
-        await self.engine.start()
+        await self.engine.start(self._child)
         yield
         await self.engine.close()
 
