@@ -34,6 +34,7 @@ from tiktoken_vocab import tiktoken_gguf
 from tokenizer_corpus import FIXED, corpus
 
 CONTROL, USER_DEFINED = 3, 4
+GOLDEN_LLAMA3 = Path(__file__).parent / "goldens" / "llama3" / "llama3-Q8_0.gguf"
 VOCABS_WITH_VECTORS = [
     "qwen2", "qwen35", "llama-bpe", "llama-spm", "deepseek-llm", "deepseek-coder", "gpt-2",
     "starcoder", "refact", "command-r", "mpt", "falcon", "phi-3",
@@ -304,6 +305,63 @@ def test_bad_metadata(tmp_path, change, message):
 def test_missing_pre_means_default(tmp_path):
     tok = Tokenizer.from_gguf(GGUFFile(write_vocab(tmp_path / "v.gguf", **{**TOY, "pre": None})))
     assert tok.pre is None and tok.encode("ab a") == [2, 0]  # " a": no token for the space, dropped as llama.cpp
+
+
+# -- found by fuzzing (fuzz/fuzz_vocab.py, fuzz/fuzz_tokenizer.py, fuzz/fuzz_gguf.py) -------------
+
+def raw_vocab(path: Path, **kv) -> Path:
+    """A vocabulary written byte by byte (make_fixtures.raw_gguf): what gguf-py will not write."""
+    import make_fixtures as m
+
+    path.write_bytes(m.raw_gguf(m.Spec(kvs=[("general.architecture", m.T_STRING, "llama")] + [
+        (f"tokenizer.ggml.{key}", vtype, value) for key, (vtype, value) in kv.items()])))
+    return path
+
+
+def _strings(items):
+    return 9, (8, items)  # an array of strings
+
+
+def test_an_empty_merge_list_loads(tmp_path):
+    # was ValueError from ctypes: the compiled packer was handed the address of an empty buffer
+    path = raw_vocab(tmp_path / "v.gguf", model=(8, "gpt2"), pre=(8, "qwen2"), tokens=_strings(["a", "b"]),
+                     merges=_strings([]))
+    tok = Tokenizer.from_gguf(GGUFFile(path), use_cache=False)
+    assert tok.encode("ab") == [0, 1] and len(tok.vocab.merges) == 0
+
+
+@pytest.mark.parametrize("native_packer", [True, False])
+def test_a_string_array_of_empty_strings_packs(tmp_path, native_packer, monkeypatch):
+    from reflex_engine import native
+
+    if not native_packer:
+        monkeypatch.setattr(native, "pack_strings", None)
+    path = raw_vocab(tmp_path / "v.gguf", tokens=_strings(["", ""]))
+    f = GGUFFile(path)
+    packed = Strings.from_gguf_array(f, f.metadata["tokenizer.ggml.tokens"])
+    assert (len(packed.table), packed.repeats, packed.first_empty) == (2, 1, 0)
+
+
+@pytest.mark.parametrize("text", ["<0xZZ>", "<0x0>", "x", "<0x0A>junk", "<0x+A>"])
+def test_a_byte_token_that_is_not_hex_is_refused_at_load(tmp_path, text):
+    # was ValueError from int(text[3:5], 16) when decoding the token
+    tokens = ["<unk>", "<s>", "</s>", text, "\u2581a"]
+    path = raw_vocab(tmp_path / "v.gguf", model=(8, "llama"), tokens=_strings(tokens),
+                     scores=(9, (6, [0.0] * 5)), token_type=(9, (5, [2, 3, 3, 6, 1])))
+    with pytest.raises(ReflexError, match=r"byte token 3 is .*, not '<0xHH>'"):
+        Tokenizer.from_gguf(GGUFFile(path), use_cache=False)
+
+
+def test_decoding_an_id_out_of_range_is_a_clean_error():
+    # was IndexError when the id was read as a token type before the range check
+    tok = ours(str(GOLDEN_LLAMA3))
+    for special in (False, True):
+        with pytest.raises(ReflexError, match="out of range"):
+            tok.decode([1, tok.n_vocab], special=special)
+        with pytest.raises(ReflexError, match="out of range"):
+            tok.stream(special=special).feed(tok.n_vocab + 5)
+    with pytest.raises(ReflexError, match="out of range"):
+        tok.decode([-1])
 
 
 # -- sidecar cache ------------------------------------------------------------------------------

@@ -73,15 +73,16 @@ class Strings:
             return _packed_in_python(arr.raw_strings(), check_pairs)
         region = gguf_file.raw_bytes(arr.start, arr.end)
         count = len(arr)
-        blob = bytearray(len(region) - 8 * count)
+        size = len(region) - 8 * count
+        blob = bytearray(size or 1)  # ctypes takes no address of an empty buffer (all strings empty)
         offsets = array("I", [0]) * (count + 1)
         slots = array("i", [-1]) * _slot_count(count)
         status = array("q", [0]) * 4
-        if native.pack_strings(region, len(region), count, check_pairs, _address(blob), len(blob),
+        if native.pack_strings(region, len(region), count, check_pairs, _address(blob), size,
                                offsets.buffer_info()[0], slots.buffer_info()[0], len(slots), status.buffer_info()[0]):
             raise ValueError("the string array does not match its bytes")  # the reader checked it
         probes, repeats, first_empty, first_bad_pair = status
-        table = cls(bytes(blob), offsets, slots, probes)
+        table = cls(bytes(blob) if size else b"", offsets, slots, probes)
         return Packed(table, repeats, _none_if_negative(first_empty), _none_if_negative(first_bad_pair))
 
     def to_tuple(self) -> tuple:

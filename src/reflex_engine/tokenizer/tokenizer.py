@@ -25,7 +25,7 @@ from .bpe import BPE, UNICODE_TO_BYTE
 from .pretokenize import PreTokenizer
 from .special import SpecialMatcher
 from .spm import SPM
-from .vocab import BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED, Vocab
+from .vocab import BYTE, BYTE_TEXT, CONTROL, NORMAL, UNKNOWN, USER_DEFINED, Vocab
 
 _SILENT = frozenset({CONTROL, UNKNOWN})  # decoded only with special=True
 
@@ -124,8 +124,12 @@ class Tokenizer:
         text, ttype = self.vocab.tokens[token_id], self.vocab.types[token_id]
         if ttype in _SILENT or ttype == USER_DEFINED:
             return text.encode("utf-8")
+        if ttype == BYTE and (self.kind == "spm" or text.startswith("<0x")):
+            if not BYTE_TEXT.match(text):  # load_vocab refuses these; a prepared table is not re-checked
+                raise ReflexError(f"tokenizer: byte token {token_id} is {text[:40]!r}, not '<0xHH>'")
+            return bytes([int(text[3:5], 16)])
         if ttype == BYTE:
-            return bytes([int(text[3:5], 16)]) if self.kind == "spm" or text.startswith("<0x") else text.encode("utf-8")
+            return text.encode("utf-8")
         if ttype != NORMAL:
             return b""
         if self.kind == "spm":
@@ -134,9 +138,9 @@ class Tokenizer:
         return b"".join(bytes([UNICODE_TO_BYTE[c]]) if c in UNICODE_TO_BYTE else c.encode("utf-8") for c in text)
 
     def _visible_bytes(self, token_id: int, special: bool, first: bool) -> bytes:
+        piece = self.token_bytes(token_id)  # first: it refuses an id out of range
         if not special and self.vocab.types[token_id] in _SILENT:
             return b""
-        piece = self.token_bytes(token_id)
         if first and self.kind == "spm" and self.vocab.add_space_prefix and piece.startswith(b" "):
             piece = piece[1:]
         return piece

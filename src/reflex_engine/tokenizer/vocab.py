@@ -8,6 +8,7 @@ few byte blobs (`to_tables` / `from_tables`) that load without building per-toke
 """
 from __future__ import annotations
 
+import re
 from array import array
 from typing import NamedTuple
 
@@ -25,6 +26,7 @@ _SPECIAL_KEYS = ("bos", "eos", "eot", "eom", "unknown", "seperator", "padding")
 _LLAMA3_PRES = frozenset({"llama3", "llama-v3", "llama-bpe"})
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>")
 _EOG_TEXTS = frozenset(_EOT_TEXTS + ("<|eom_id|>", "<|return|>", "<|call|>", "<eos>", "</s>"))
+BYTE_TEXT = re.compile(r"<0x[0-9A-Fa-f]{2}>\Z")  # a BYTE token's text, as decode reads it
 
 
 class Vocab(NamedTuple):
@@ -103,6 +105,8 @@ def load_vocab(gguf_file) -> Vocab:
         raise ReflexError(f"tokenizer: tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
     if min(types) < 0 or max(types) > BYTE:  # llama.cpp reads unknown values as UNDEFINED
         types = [t if 0 <= t <= BYTE else UNDEFINED for t in types]
+    types = bytes(types)
+    _check_byte_tokens(kind, token_table, types)
     scores = array("d")
     merges = Strings.build([])[0]
     if kind == "spm":
@@ -138,7 +142,7 @@ def load_vocab(gguf_file) -> Vocab:
     if add_bos and ids["bos"] is None:
         raise ReflexError("tokenizer: add_bos_token is set but the vocabulary has no BOS token")
     vocab = Vocab(
-        kind=kind, pre=pre, tokens=token_table, types=bytes(types), scores=scores,
+        kind=kind, pre=pre, tokens=token_table, types=types, scores=scores,
         merges=merges,
         bos_id=ids["bos"], eos_id=ids["eos"], eot_id=ids.get("eot"), eom_id=ids.get("eom"),
         unk_id=ids["unknown"], pad_id=ids.get("padding"), sep_id=ids.get("seperator"),
@@ -147,6 +151,14 @@ def load_vocab(gguf_file) -> Vocab:
         ignore_merges=llama3,
     )
     return _mark_end_of_generation(vocab)
+
+
+def _check_byte_tokens(kind: str, tokens: Strings, types: bytes) -> None:
+    """decode reads a BYTE token as <0xHH> (SPM: every one; BPE: those that start so)."""
+    for i in (m.start() for m in re.finditer(bytes([BYTE]), types)):  # a C-level scan: SPM has 256
+        text = tokens[i]
+        if (kind == "spm" or text.startswith("<0x")) and not BYTE_TEXT.match(text):
+            raise ReflexError(f"tokenizer: byte token {i} is {text[:40]!r}, not '<0xHH>'")
 
 
 def _flag(meta: dict, key: str, default: bool) -> bool:
