@@ -310,9 +310,9 @@ def test_nothing_outside_the_sandbox_is_reachable(payload, tmp_path):
     ("{% macro m() %}{% for i in range(50000) %}{{ 'y' * 100 }}{% endfor %}{% endmacro %}{% set s = m() %}",
      "wrote over"),
     ("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
-     "built a value of over"),
+     "'~' would build a value past the limits"),
     ("{% set a = 'x' * 4000000 %}{% set b = a + a %}", "built a value of over"),
-    ("{% set a = 'x' * 4000000 %}{% set b = [a, a] | join %}", "built a value of over"),
+    ("{% set a = 'x' * 4000000 %}{% set b = [a, a] | join %}", "join would build a value past the limits"),
     ("{{ 'x' * 10 ** 9 }}", "'*' would build a value past the limits"),
     ("{{ [0] * 10 ** 8 }}", "'*' would build a value past the limits"),
     ("{{ 9 ** 999999 }}", "'**' would build a value past the limits"),
@@ -324,6 +324,49 @@ def test_a_render_is_bounded(template, reason):
     with pytest.raises(ReflexError) as error:
         render_chat(template, [])
     assert reason in str(error.value) and "\n" not in str(error.value)
+
+
+# Found while building fuzz/fuzz_chat.py: each allocated ~1 GB before its result was refused (all
+# memory with a wider width); the filters did it at compile time, where jinja2 folded constants.
+@pytest.mark.parametrize("template", [
+    "{{ 'x'|center(999999999) }}",
+    "{{ 'x'|indent(999999999, true) }}",
+    "{{ '%999999999s'|format('x') }}",
+    "{{ '%999999999s' % 'x' }}",
+    "{{ '%.999999999f' % 1.0 }}",
+    "{{ '%*s' % (999999999, 'x') }}",
+    "{{ '{:>999999999}'.format('x') }}",
+    "{{ '{:{w}}'.format('x', w=999999999) }}",
+    "{{ 'x'.ljust(999999999) }}",
+    "{{ ('\t' * 1000).expandtabs(999999) }}",
+    "{% set b = 'y' * 4000000 %}{{ ('x' * 300).replace('x', b) }}",
+    "{% set b = 'y' * 4000000 %}{{ ('x' * 300)|replace('x', b) }}",
+    "{% set b = 'y' * 4000000 %}{{ ''.join([b] * 300) }}",
+    "{% set b = 'y' * 4000000 %}{{ [b, b, b]|join }}",
+    "{% set b = 'y' * 4000000 %}{{ " + " ~ ".join(["b"] * 300) + " }}",
+    "{{ [1]|batch(999999999, 0)|list }}",
+    "{{ lipsum(200000) }}",
+])
+def test_what_a_template_would_build_past_the_limits_is_refused_before_it_is_built(template):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ReflexError, match="would build a value past the limits"):
+            render_chat(template, [])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB"
+
+
+def test_a_render_is_bounded_in_time_when_each_step_is_costly(monkeypatch):
+    # every step is legal and under MAX_STEPS, but each copies 4M characters: 25 ms a step
+    monkeypatch.setattr(chat, "MAX_SECONDS", 0.5)
+    template = ("{% set a = 'x' * 4000000 %}{% for i in range(1000) %}{% for j in range(1000) %}"
+                "{% set b = a|list %}{% endfor %}{% endfor %}")
+    with pytest.raises(ReflexError, match="ran past 0.5 seconds"):
+        render_chat(template, [])
 
 
 def test_recursion_is_bounded_by_steps(monkeypatch):

@@ -15,9 +15,17 @@ a render is bounded, by counting rather than by a timer:
   loops and recursion;
 - MAX_CHARS characters written, counting the text that macros and blocks buffer;
 - no value longer than MAX_CHARS from `~`, `+`, `%`, a filter or a call (which ends doubling),
-  and `*` and `**` refused before they build one ('x' * 10**9, 9 ** 999999).
-One operation that pads (`'%999999999s' % x`, `ljust`) can still allocate what memory allows
-before its result is refused. Whatever goes wrong is one ReflexError line.
+  and `*` and `**` refused before they build one ('x' * 10**9, 9 ** 999999);
+- MAX_SECONDS of wall time, looked at with each step: a step's own cost grows with the values
+  it touches (`big | list` on a 4M-character string is ~25 ms), so steps alone do not bound time;
+- the operations whose result can dwarf their operands refused before they run when it would be
+  longer than MAX_CHARS: padding to a width or precision (`'%999999999s' % x`, `ljust`, `center`,
+  `indent`, `'{:>999999999}'.format`), `replace`, `join`, `~` over many operands, `lipsum` and
+  `batch` with a fill; and no constant folding (jinja2's optimizer would run filters at compile
+  time, outside every bound).
+What is left: a container holding many references to one long string (`[big] * 250` is refused,
+a literal `[big, big, ...]` is not) can be as long as MAX_CHARS times its length when printed or
+passed to `tojson` before the result is refused. Whatever goes wrong is one ReflexError line.
 
 jinja2 is imported at the first render, not with this module: it is not on the plain cold path.
 """
@@ -29,11 +37,13 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from datetime import datetime
 from functools import lru_cache
+from time import monotonic
 from typing import Any
 
 from .errors import ReflexError
 
 MAX_STEPS = 1_000_000  # a few seconds of CPython at most; real templates take 15-300 per message
+MAX_SECONDS = 10.0  # real templates render in well under 10 ms
 MAX_CHARS = 4 << 20  # ~1M tokens, more than any context we run
 _MAX_BITS = 1 << 16  # of an integer that `*` or `**` builds
 
@@ -146,6 +156,7 @@ class _Budget:
 
     def __init__(self):
         self.steps, self.chars = MAX_STEPS, MAX_CHARS
+        self.deadline = monotonic() + MAX_SECONDS
 
 
 _budget: ContextVar[_Budget] = ContextVar("chat_template_budget")
@@ -181,6 +192,8 @@ def _step() -> None:
     budget.steps -= 1
     if budget.steps < 0:
         raise ReflexError(f"chat template failed: it ran past {MAX_STEPS:,} steps")
+    if monotonic() > budget.deadline:
+        raise ReflexError(f"chat template failed: it ran past {MAX_SECONDS:g} seconds")
 
 
 def _written(value: Any) -> str:
@@ -204,11 +217,151 @@ def _check_binop(operator: str, left: Any, right: Any) -> None:
         too_big = left.bit_length() + right.bit_length() > _MAX_BITS
     elif operator == "*":
         seq, n = (left, right) if isinstance(right, int) else (right, left)
-        too_big = isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_CHARS
+        too_big = isinstance(seq, (str, list, tuple)) and isinstance(n, int) and _weight(seq) * n > MAX_CHARS
+    elif operator == "**":
+        too_big = ints and abs(left) > 1 and right * abs(left).bit_length() > _MAX_BITS
     else:
-        too_big = operator == "**" and ints and abs(left) > 1 and right * abs(left).bit_length() > _MAX_BITS
+        too_big = operator == "%" and _printf_size(left, right) > MAX_CHARS
     if too_big:
         raise ReflexError(f"chat template failed: {operator!r} would build a value past the limits")
+
+
+def _weight(seq: Any) -> int:
+    """Characters and items in a sequence, one level down: what `seq * n` multiplies."""
+    if isinstance(seq, str):
+        return len(seq)
+    return sum(len(item) if isinstance(item, (str, list, tuple, dict)) else 1 for item in seq) or len(seq)
+
+
+def _refuse_over(size: int, what: str) -> None:
+    if size > MAX_CHARS:
+        raise ReflexError(f"chat template failed: {what} would build a value past the limits")
+
+
+_PRINTF_FIELD = re.compile(r"%(?:\([^)]*\))?[-+ #0]*(\*|\d+)?(?:\.(\*|\d+))?")
+
+
+def _number(digits: str) -> int:
+    return int(digits) if len(digits) < 12 else MAX_CHARS + 1
+
+
+def _ints(values: Any) -> list[int]:
+    items = values.values() if isinstance(values, Mapping) else values if isinstance(values, (list, tuple)) else (values,)
+    return [v for v in items if isinstance(v, int)]
+
+
+def _printf_size(text: Any, values: Any) -> int:
+    """The widest field of `text % values` (a width or precision)."""
+    if not isinstance(text, str) or "%" not in text:
+        return 0
+    widest = 0
+    for field in _PRINTF_FIELD.findall(text):
+        for n in field:
+            widest = max(widest, *_ints(values), 0) if n == "*" else max(widest, _number(n) if n else 0)
+    return widest
+
+
+def _format_size(text: str, args: tuple, kwargs: dict) -> int:
+    """The widest field of `text.format(...)`: the numbers in its format specs, and any argument
+    when a spec takes one (`{:{width}}`)."""
+    from string import Formatter
+
+    widest = 0
+    try:
+        for _, _, spec, _ in Formatter().parse(text):
+            if spec:
+                widest = max(widest, 0, *map(_number, re.findall(r"\d+", spec)))
+                if "{" in spec:
+                    widest = max(widest, 0, *_ints(args), *_ints(kwargs))
+    except ValueError:
+        return 0  # format itself raises on it
+    return widest
+
+
+def _replaced_size(text: Any, old: Any, new: Any, count: Any = -1) -> int:
+    if not (isinstance(text, str) and isinstance(old, str) and isinstance(new, str) and isinstance(count, int)):
+        return 0
+    n = len(text) + 1 if old == "" else text.count(old)
+    n = n if count < 0 else min(n, count)
+    return len(text) + n * (len(new) - len(old))
+
+
+def _joined_size(separator: Any, items: Any) -> int:
+    if not (isinstance(separator, str) and isinstance(items, (list, tuple))):
+        return 0
+    return len(separator) * max(len(items) - 1, 0) + sum(len(i) for i in items if isinstance(i, str))
+
+
+def _check_call(obj: Any, args: tuple, kwargs: dict) -> None:
+    """A str method whose result would be longer than MAX_CHARS is refused before it runs."""
+    obj = getattr(obj, "__wrapped__", obj)  # the sandbox's wrapper of str.format
+    text, name = getattr(obj, "__self__", None), getattr(obj, "__name__", "")
+    if not isinstance(text, str):
+        return
+    if name in ("center", "ljust", "rjust", "zfill"):
+        size = max(_ints(args[:1]), default=0)
+    elif name == "expandtabs":
+        size = len(text) + text.count("\t") * max(_ints(args[:1]) or _ints(kwargs) or [8])
+    elif name == "replace":
+        size = _replaced_size(text, *args[:3], **{k: v for k, v in kwargs.items() if k == "count"}) if len(args) >= 2 else 0
+    elif name == "join":
+        size = _joined_size(text, args[0]) if args else 0
+    elif name in ("format", "format_map"):
+        size = _format_size(text, args, kwargs)
+    else:
+        return
+    _refuse_over(size, f"str.{name}")
+
+
+def _bounded_filters(filters: dict) -> dict:
+    """jinja2's filters that can build far more than they are given, checked first."""
+    from jinja2.filters import pass_eval_context
+
+    center, indent, format_, replace, join, batch = (filters[n] for n in ("center", "indent", "format", "replace", "join", "batch"))
+
+    def do_center(value, width=80):
+        _refuse_over(max(_ints(width), default=0), "center")
+        return center(value, width)
+
+    def do_indent(s, width=4, first=False, blank=False):
+        if isinstance(s, str):
+            pad = width if isinstance(width, int) else len(width) if isinstance(width, str) else 0
+            _refuse_over(len(s) + (s.count("\n") + 1) * pad, "indent")
+        return indent(s, width, first, blank)
+
+    def do_format(value, *args, **kwargs):
+        _refuse_over(_printf_size(value, kwargs or args), "format")
+        return format_(value, *args, **kwargs)
+
+    @pass_eval_context
+    def do_replace(eval_ctx, s, old, new, count=None):
+        _refuse_over(_replaced_size(s, old, new, -1 if count is None else count), "replace")
+        return replace(eval_ctx, s, old, new, count)
+
+    @pass_eval_context
+    def do_join(eval_ctx, value, d="", attribute=None):
+        if attribute is None and not isinstance(value, (str, list, tuple, dict)) and hasattr(value, "__iter__"):
+            value = list(value)  # a generator: its items are references, its text is what join builds
+        if attribute is None:
+            _refuse_over(_joined_size(d, value), "join")
+        return join(eval_ctx, value, d, attribute)
+
+    def do_batch(value, linecount, fill_with=None):
+        if fill_with is not None:
+            _refuse_over(max(_ints(linecount), default=0), "batch")
+        return batch(value, linecount, fill_with)
+
+    return {"center": do_center, "indent": do_indent, "format": do_format, "replace": do_replace, "join": do_join,
+            "batch": do_batch}
+
+
+def _bounded_lipsum(lipsum):
+    def bounded(n=5, html=True, min=20, max=100):
+        words = (n if isinstance(n, int) else 0) * (max if isinstance(max, int) else 0)
+        _refuse_over(words * 16, "lipsum")  # no word of its list is longer than 15
+        return lipsum(n, html, min, max)
+
+    return bounded
 
 
 def _reason(e: BaseException) -> str:
@@ -279,8 +432,9 @@ def _environment():
                           for n in node.nodes]
             return node
 
-        def visit_Concat(self, node):
-            return self.wrap("sized", self.generic_visit(node))
+        def visit_Concat(self, node):  # a ~ b ~ c: one join, sized before it is built
+            node = self.generic_visit(node)
+            return self.wrap("concatenated", nodes.List(node.nodes, lineno=node.lineno))
 
         def visit_Filter(self, node):  # a {% filter %} block's filter has no node: its text is written
             node = self.generic_visit(node)
@@ -301,7 +455,16 @@ def _environment():
 
         def call(self, context, obj, /, *args, **kwargs):  # every call in a template comes here
             _step()
+            if getattr(obj, "__name__", None) == "join" and args and not isinstance(args[0], (str, list, tuple, dict)):
+                args = (list(args[0]), *args[1:])  # str.join of a generator: sized as a list
+            _check_call(obj, args, kwargs)
             return _sized(super().call(context, obj, *args, **kwargs))
+
+        @staticmethod
+        def concatenated(parts):
+            texts = [part if isinstance(part, str) else str(part) for part in parts]
+            _refuse_over(sum(map(len, texts)), "'~'")
+            return "".join(texts)
 
         def call_binop(self, context, operator, left, right):
             _check_binop(operator, left, right)
@@ -340,8 +503,10 @@ def _environment():
             _public_name(name)
             Namespace.__setitem__(self, name, value)
 
-    env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
-    env.filters["tojson"] = _tojson
+    # optimized=False: no constant folding, which would run filters at compile time, unbounded
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols], optimized=False)
+    env.filters.update(_bounded_filters(env.filters), tojson=_tojson)
+    env.globals["lipsum"] = _bounded_lipsum(env.globals["lipsum"])
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now,
                        dict=_Dict(), namespace=SafeNamespace)
     return env
