@@ -20,14 +20,18 @@ def _load():
     return None
 
 
+def bind(lib: ctypes.CDLL) -> tuple:
+    """(skip_strings, pack_strings) of a loaded _native library; fuzz/ binds a sanitizer build."""
+    skip = lib.reflex_skip_strings
+    skip.argtypes = (ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64)
+    skip.restype = ctypes.c_int64
+    pack = lib.reflex_pack_strings
+    pack.argtypes = (ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int,
+                     ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p,
+                     ctypes.c_uint64, ctypes.c_void_p)
+    pack.restype = ctypes.c_int
+    return skip, pack
+
+
 _lib = _load()
-skip_strings = pack_strings = None
-if _lib is not None:
-    skip_strings = _lib.reflex_skip_strings
-    skip_strings.argtypes = (ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64)
-    skip_strings.restype = ctypes.c_int64
-    pack_strings = _lib.reflex_pack_strings
-    pack_strings.argtypes = (ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int,
-                             ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p,
-                             ctypes.c_uint64, ctypes.c_void_p)
-    pack_strings.restype = ctypes.c_int
+skip_strings, pack_strings = bind(_lib) if _lib is not None else (None, None)
