@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from .errors import ReflexError
@@ -86,6 +85,8 @@ def _bake_system_prompt(args) -> None:
 
     text = _read_file(args.system_prompt)
     file = ModelFile(args.model)
+    for adapter, scale in _loras(args):  # then the baked state is the adapted model's, used by its runs only
+        file.add_lora(adapter, scale)
     if args.chat:
         ids = file.encode(file.render_chat([{"role": "system", "content": text}], add_generation_prompt=False), add_bos=False)
     else:
@@ -94,7 +95,7 @@ def _bake_system_prompt(args) -> None:
         raise ReflexError(f"the system prompt in {args.system_prompt} tokenizes to no tokens")
     if len(ids) > file.config.n_ctx_train:
         raise ReflexError(f"the system prompt is {len(ids)} tokens, longer than the model's context ({file.config.n_ctx_train})")
-    model = file.load(device=args.device, n_ctx=len(ids))
+    model = file.load(args.backend, n_ctx=len(ids))
     path = baked_state_path(args.model)
     with file.timings.phase("prompt_eval"):
         model.bake_prompt(ids, path)
@@ -120,21 +121,21 @@ def _model_and_prompt(args) -> tuple[str, str]:
 
 
 def _open_and_encode(args, output_tokens):
-    """The driver's init starts first, on a thread; the host work runs beside it: open the file,
-    render and encode the prompt. Then the backend. output_tokens(file) is how many tokens the
-    request adds to the prompt (None: unbounded), for the default context size."""
-    from .backends import BackendStart
+    """The host work, beside the driver's init (main started it): open the file, render and
+    encode the prompt; then the backend. output_tokens(file) is how many tokens the request adds
+    to the prompt (None: unbounded), for the default context size."""
     from .engine import ModelFile
 
-    start = BackendStart(args.device)
     path, prompt = _model_and_prompt(args)
     file = ModelFile(path)
+    for adapter, scale in _loras(args):
+        file.add_lora(adapter, scale)
     if args.chat:
         prompt = file.render_chat([{"role": "user", "content": prompt}])
     # A rendered template carries its own BOS text, an imported state its BOS: don't add a second one.
     ids = file.encode(prompt, add_bos=False if args.chat or getattr(args, "import_kv", None) else None)
     n_ctx = args.ctx_size if args.ctx_size is not None else _one_shot_context(file, len(ids), output_tokens(file))
-    return file.load(start, n_ctx=n_ctx), ids
+    return file.load(args.backend, n_ctx=n_ctx), ids
 
 
 def _one_shot_context(file, prompt_tokens: int, output_tokens: int | None) -> int | None:
@@ -221,7 +222,7 @@ def cmd_check(args) -> int:
     from . import load
     from .check import check_against_reference
 
-    model = load(args.model, device=args.device, n_ctx=args.ctx_size)
+    model = load(args.model, device=args.backend, n_ctx=args.ctx_size, lora=_loras(args))
     report = check_against_reference(model, args.reference, tolerance=args.tolerance)
     for line in report.lines:
         print(line)
@@ -247,22 +248,52 @@ def cmd_smoke(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from .bench import DECODE_CONTEXTS, format_report, run_bench
+    from .engine import ModelFile
+
+    file = ModelFile(args.model)
+    # room for the longest decode context, not the model's whole trained one
+    n_ctx = args.ctx_size if args.ctx_size is not None else min(file.config.n_ctx_train, max(DECODE_CONTEXTS) + 256)
+    model = file.load(args.backend, n_ctx=n_ctx)
+    report = run_bench(model, runs=args.runs)
+    description = getattr(model.ops, "description", model.device)
+    print(json.dumps(report.as_dict()) if args.json else format_report(report, f"{args.model} on {description}"))
+    return 0
+
+
 def cmd_stdio(args) -> int:
     from .ipc import serve_stdio
 
-    return serve_stdio(args.model, device=args.device, n_ctx=args.ctx_size)
+    return serve_stdio(args.model, device=args.backend, n_ctx=args.ctx_size, lora=_loras(args))
 
 
 def cmd_uds(args) -> int:
     from .ipc import serve_unix
 
-    return serve_unix(args.model, args.path, device=args.device, n_ctx=args.ctx_size)
+    return serve_unix(args.model, args.path, device=args.backend, n_ctx=args.ctx_size, lora=_loras(args))
+
+
+def _loras(args) -> list[tuple[str, float]]:
+    """--lora ADAPTER ... with --lora-scale S ...: the i-th scale goes with the i-th adapter (default 1)."""
+    adapters, scales = args.lora or [], args.lora_scale or []
+    if len(scales) > len(adapters):
+        raise ReflexError(f"{len(scales)} --lora-scale values for {len(adapters)} --lora adapters")
+    return [(a, scales[i] if i < len(scales) else 1.0) for i, a in enumerate(adapters)]
+
+
+def _add_lora_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lora", action="append", metavar="ADAPTER.gguf",
+                   help="apply a LoRA adapter (llama.cpp's convert_lora_to_gguf.py output) at load; repeatable")
+    p.add_argument("--lora-scale", action="append", type=float, metavar="S",
+                   help="scale of the matching --lora's update (default 1; 0 turns it off)")
 
 
 def _add_device_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
     p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default: generate and system1 the request's, rounded up to 256; "
                    "stdio, uds and check the model's)")
+    _add_lora_options(p)
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -328,11 +359,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=None,
                    help="max |error| relative to each prompt's logit range (default: per device, see check.py)")
     p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default: the model's)")
+    _add_lora_options(p)
     p.set_defaults(run=cmd_check)
 
     p = sub.add_parser("pull", help="download org/repo[@revision]:file.gguf from the Hugging Face Hub, check it, print its path")
     p.add_argument("spec", metavar="org/repo[@revision]:file.gguf")
     p.set_defaults(run=cmd_pull)
+
+    p = sub.add_parser("bench", help="warm prefill and decode speed: tokens/s, per-token latency, memory, bandwidth")
+    _add_model(p)
+    p.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
+    p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default: 4,352, the longest decode context's need)")
+    p.add_argument("--runs", type=int, default=5, help="timed runs per figure (their median)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=cmd_bench)
 
     p = sub.add_parser("smoke", help="run one kernel on the GPU and check it: the first command on a new machine")
     p.set_defaults(run=cmd_smoke)
@@ -345,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "with the model's chat template as the system turn")
     p.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"), help="where --system-prompt is evaluated "
                    "(its cache is f16 from CUDA, f32 from the CPU; either device reads either)")
+    _add_lora_options(p)
     p.set_defaults(run=cmd_prepare)
 
     p = sub.add_parser("stdio", help="serve JSON-line requests on stdin/stdout, one at a time (docs/protocol.md)")
@@ -364,6 +405,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if hasattr(args, "device"):  # first: the driver's ~150-250 ms of init overlap everything after
+            from .backends import BackendStart
+
+            args.backend = BackendStart(args.device)
         if getattr(args, "model", None) is not None:
             args.model = _resolve_model(args.model)
         return args.run(args)
@@ -376,20 +421,5 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-def run() -> None:
-    """The console script: main(), then the process ends without the interpreter's teardown or
-    the driver's exit handlers (everything is written and flushed by then). REFLEX_FAST_EXIT=0
-    exits the ordinary way, for comparison."""
-    code = main()
-    if os.environ.get("REFLEX_FAST_EXIT") == "0":
-        sys.exit(code)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    run()
+    sys.exit(main())

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Mapping, NamedTuple, Sequence, Union
 
 from .arch import get_arch
 from .arch.weights import load_weights, plan_weights
-from .backends import BackendStart
+from .backends import BackendStart, started
 from .errors import ContextExceeded, ReflexError
 from .gguf import GGUFFile
 from .ops import Batch, CacheShape
@@ -28,6 +28,8 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's API
 
 class ModelFile:
     """A GGUF model opened on the host: metadata, architecture config, tokenizer."""
+
+    adapters: tuple = ()  # LoRA adapters (lora.Adapter) load() applies, in add_lora's order
 
     def __init__(self, path: str, timings: Timings | None = None):
         self.timings = timings or Timings()
@@ -63,12 +65,20 @@ class ModelFile:
                   (("bos_token", tok.bos_id), ("eos_token", tok.eos_id)) if token is not None}
         return render_chat(template, messages, **{**tokens, **kwargs})
 
+    def add_lora(self, path: str, scale: float = 1.0) -> None:
+        """Apply a LoRA adapter (llama.cpp's convert_lora_to_gguf.py format) at load, its update
+        scaled by `scale`; checked against this model now (a one-line error for another base)."""
+        from .lora import Adapter
+
+        plan = plan_weights(self.gguf, self.config, self.arch.TENSORS, self.arch.LAYER_TENSORS)
+        self.adapters = self.adapters + (Adapter(path, scale, self.gguf, self.config, plan),)
+
     def load(self, device: str | BackendStart = "auto", n_ctx: int | None = None) -> Model:
         """The model on a backend: a device name, or a BackendStart begun before this file was
         opened (its driver init then ran beside the host work)."""
         if n_ctx is not None and n_ctx < 1:
             raise ReflexError(f"the context size must be at least 1 token, not {n_ctx}")
-        start = BackendStart(device) if isinstance(device, str) else device
+        start = started(device)
         with self.timings.phase("backend_init"):  # what the init thread did not hide
             ops = start.ops()
         if start.cuda_init_ms is not None:
@@ -79,8 +89,12 @@ class ModelFile:
         with self.timings.phase("model_load"):
             plan = plan_weights(self.gguf, c, arch.TENSORS, arch.LAYER_TENSORS)
             shape = CacheShape(c.n_layers, n_ctx, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.v_head_dim)
-            ops.reserve([(t.ggml_type, t.shape) for t in plan.values() if t is not None], shape, c.activation_width)
+            from . import lora
+
+            tensors = [(t.ggml_type, t.shape) for t in plan.values() if t is not None] + lora.device_tensors(self.adapters)
+            ops.reserve(tensors, shape, c.activation_width + lora.extra_width(self.adapters))
             weights = load_weights(self.gguf, c, plan, arch.TENSORS, arch.LAYER_TENSORS, ops)
+            lora.apply(self.adapters, weights, ops)
             upload_start = time.perf_counter()
             uploaded = ops.commit_weights()
             if uploaded:  # a device backend copied the weights
@@ -154,6 +168,8 @@ class Model:
     def __init__(self, file: ModelFile, ops, weights, cache, n_ctx: int):
         self.file, self.ops, self.weights, self.cache, self.n_ctx = file, ops, weights, cache, n_ctx
         self.config, self.tokenizer = file.config, file.tokenizer
+        # a decode step: the same launches every token, which a device backend may capture once
+        self._decode_step = ops.replayable(lambda batch: file.arch.forward(ops, weights, file.config, cache, batch, [0]))
 
     @property
     def device(self) -> str:
@@ -321,7 +337,7 @@ class Model:
                 gen.finish_reason = "length"
                 break
             # the logits go out of scope inside _choose: the next step's take the same device buffer
-            token, scored = self._choose(self._next_logits(Batch.causal([token], n_past)), history, sampler, n_top)
+            token, scored = self._choose(self._decode_step(Batch.causal([token], n_past)), history, sampler, n_top)
             n_past += 1
         if gen.finish_reason != "stop":
             text += stream.flush()
@@ -389,7 +405,7 @@ class Model:
         """What a KV state file must carry to be this model's."""
         from .kvstate import model_fingerprint
 
-        return model_fingerprint(self.file.gguf)
+        return model_fingerprint(self.file.gguf, [a.identity(model_fingerprint) for a in self.file.adapters])
 
     def _read_state(self, path: str):
         from .kvstate import read_header

@@ -230,12 +230,12 @@ def _file_sender(file) -> Send:
     return _sender(write)
 
 
-def _load(path: str, device: str, n_ctx: int | None, send: Send):
+def _load(path: str, device: str, n_ctx: int | None, send: Send, lora=()):
     """The model; a load failure is an error line (code load_failed), then raised for the CLI."""
     from . import load
 
     try:
-        return load(path, device=device, n_ctx=n_ctx)
+        return load(path, device=device, n_ctx=n_ctx, lora=lora)
     except ReflexError as e:
         send(protocol.encode(protocol.error(None, "load_failed", str(e))))
         raise
@@ -244,10 +244,11 @@ def _load(path: str, device: str, n_ctx: int | None, send: Send):
 # -- stdio -------------------------------------------------------------------------------------------
 
 
-def serve_stdio(path: str, device: str = "auto", n_ctx: int | None = None) -> int:
-    """Requests on stdin, answers on stdout, until stdin ends. Returns the exit code."""
+def serve_stdio(path: str, device: str = "auto", n_ctx: int | None = None, lora=()) -> int:
+    """Requests on stdin, answers on stdout, until stdin ends. Returns the exit code. lora: as
+    reflex_engine.load's."""
     send = _file_sender(_protocol_stdout())
-    model = _load(path, device, n_ctx, send)
+    model = _load(path, device, n_ctx, send, lora)
     try:
         send(_ready_line(model))
         return Session(model, Inbox(lambda n: os.read(0, n)), send).serve()
@@ -267,14 +268,14 @@ def _protocol_stdout():
 # -- Unix socket -------------------------------------------------------------------------------------
 
 
-def serve_unix(path: str, socket_path: str, device: str = "auto", n_ctx: int | None = None) -> int:
+def serve_unix(path: str, socket_path: str, device: str = "auto", n_ctx: int | None = None, lora=()) -> int:
     """Listen on a Unix socket; serve one connection at a time, to its end, then take the next.
     Runs until SIGTERM or SIGINT, or a device failure. Returns the exit code."""
     listener = _listen(socket_path)  # first: a bad path fails before the model loads
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_OK))
     try:
         announce = _file_sender(sys.stdout.buffer)
-        model = _load(path, device, n_ctx, announce)
+        model = _load(path, device, n_ctx, announce, lora)
         ready = _ready_line(model)
         announce(ready)  # for the supervisor that started us: connections are served from now on
         while True:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..lora import LoraWeight
 from ..ops import Batch
 from .config import ArchConfig
 from .weights import TensorDecl
@@ -35,10 +36,21 @@ FFN_TENSORS = [
 ]
 
 
+def linear(ops, x, w):
+    """x (T, in) times a stored (out, in) weight; one a LoRA adapter changes (lora.py) adds its
+    low-rank terms ((x·Aᵀ)·S)·Bᵀ, passing through (T, r)."""
+    if not isinstance(w, LoraWeight):
+        return ops.matmul(x, w)
+    y = ops.matmul(x, w.base)
+    for a, scale, b in w.terms:
+        y = ops.add(y, ops.matmul(ops.matmul(ops.matmul(x, a), scale), b))
+    return y
+
+
 def attention(ops, w, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x):
-    q = ops.matmul(x, lw.attn_q)  # (T, H*dk)
-    k = ops.matmul(x, lw.attn_k)  # (T, Hkv*dk)
-    v = ops.matmul(x, lw.attn_v)  # (T, Hkv*dv)
+    q = linear(ops, x, lw.attn_q)  # (T, H*dk)
+    k = linear(ops, x, lw.attn_k)  # (T, Hkv*dk)
+    v = linear(ops, x, lw.attn_v)  # (T, Hkv*dv)
     if cfg.qk_norm:
         q = ops.rms_norm(q, lw.attn_q_norm, cfg.rms_eps)
         k = ops.rms_norm(k, lw.attn_k_norm, cfg.rms_eps)
@@ -46,11 +58,11 @@ def attention(ops, w, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x):
     k = ops.rope(k, batch.positions, cfg.head_dim, cfg.rope, freq_factors=w.rope_freqs)
     o = ops.attention(q, k, v, cache=cache, layer=layer, batch=batch,
                       n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, scale=cfg.attn_scale)  # (T, H*dv)
-    return ops.matmul(o, lw.attn_output)
+    return linear(ops, o, lw.attn_output)
 
 
 def swiglu_ffn(ops, lw, x):
-    return ops.matmul(ops.swiglu(ops.matmul(x, lw.ffn_gate), ops.matmul(x, lw.ffn_up)), lw.ffn_down)
+    return linear(ops, ops.swiglu(linear(ops, x, lw.ffn_gate), linear(ops, x, lw.ffn_up)), lw.ffn_down)
 
 
 def decoder_forward(ops, w, cfg: ArchConfig, cache, batch: Batch, out_rows: Sequence[int]):
@@ -61,4 +73,4 @@ def decoder_forward(ops, w, cfg: ArchConfig, cache, batch: Batch, out_rows: Sequ
         x = ops.add(h, swiglu_ffn(ops, lw, ops.rms_norm(h, lw.ffn_norm, cfg.rms_eps)))
     x = ops.take_rows(x, out_rows)
     lm_head = w.output if w.output is not None else w.token_embd  # tied embeddings
-    return ops.matmul(ops.rms_norm(x, w.output_norm, cfg.rms_eps), lm_head)
+    return linear(ops, ops.rms_norm(x, w.output_norm, cfg.rms_eps), lm_head)
