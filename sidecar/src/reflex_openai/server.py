@@ -66,7 +66,7 @@ class Sidecar:
                 self.metrics.requests.labels(endpoint, str(message["status"])).inc()
             await send(message)
 
-        if self.cfg.health_port and scope.get("server", (None, None))[1] == self.cfg.health_port \
+        if self.cfg.health_port and (scope.get("server") or (None, None))[1] == self.cfg.health_port \
                 and self.cfg.health_port != self.cfg.port and path not in HEALTH_PATHS:
             error = APIError(404, "this port serves only /ping and /healthz", code="not_found")
             return await _json_error(error)(scope, receive, counted)
@@ -346,7 +346,7 @@ async def _http_error(request, exc: HTTPException) -> Response:
     codes = {404: "not_found", 405: "method_not_allowed"}
     message = {404: f"Unknown URL: {request.method} {request.url.path}",
                405: f"Method {request.method} is not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
-    return _json_error(APIError(exc.status_code, message, code=codes.get(exc.status_code)))
+    return _json_error(APIError(exc.status_code, message, code=codes.get(exc.status_code), headers=exc.headers))
 
 
 async def _server_error(request, exc: Exception) -> Response:
