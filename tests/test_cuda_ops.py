@@ -25,7 +25,10 @@ def gpu():
     from reflex_engine.backends.cuda import CudaOps
 
     ops = CudaOps()
-    ops.reserve([(GGMLType.F32, (64 << 20,))], CacheShape(2, 4096, 1024, 1024), activation_width=1 << 18)
+    # the (512, 50) matrix sizes the long-prompt GEMM's f16 scratch: 50 rows of 512, so larger
+    # weights below are dequantized and multiplied in turns
+    ops.reserve([(GGMLType.F32, (64 << 20,)), (GGMLType.F16, (512, 50))], CacheShape(2, 4096, 1024, 1024),
+                activation_width=1 << 18)
     return ops
 
 
@@ -66,16 +69,31 @@ def rel_err(got, ref):
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES)
-@pytest.mark.parametrize("n_tok", [1, 3, 8, 9, 77])
+@pytest.mark.parametrize("n_tok", [1, 3, 8, 9, 77, 130, 300])  # matvec, the fused GEMM, the f16 GEMM
 def test_matmul_matches_dequantized_reference(gpu, qtype, n_tok):
     block = GGML_BLOCK[GGMLType[qtype]][0]
-    n_cols = 200 if block == 1 else 2 * 256  # ragged rows for the float types
-    for n_rows in (1, 70, 129):
-        w_cpu, w_gpu = both(gpu, qtype, n_rows, n_cols)
-        x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
-        got = gpu.to_host(gpu.matmul(host(gpu, x), w_gpu))
-        # matvec (<= 8 tokens) is float32 throughout; the GEMM rounds operands to f16
-        assert rel_err(got, cpu.matmul(x, w_cpu).astype(np.float64)) < (1e-5 if n_tok <= 8 else 3e-3), (qtype, n_rows)
+    # ragged rows for the float types (which then keep the fused GEMM), 512 columns elsewhere
+    for n_cols in ([200, 512] if block == 1 else [2 * 256]):
+        for n_rows in (1, 70, 129):
+            w_cpu, w_gpu = both(gpu, qtype, n_rows, n_cols)
+            x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
+            got = gpu.to_host(gpu.matmul(host(gpu, x), w_gpu))
+            # matvec (<= 8 tokens) is float32 throughout; the GEMMs round operands to f16
+            assert rel_err(got, cpu.matmul(x, w_cpu).astype(np.float64)) < (1e-5 if n_tok <= 8 else 3e-3), (qtype, n_rows)
+
+
+def test_long_prompt_matmul_on_the_large_tiles():
+    """A grid big enough for gemm_f16's 128 x 128 tiles (the tests above take its 64 x 64 ones)."""
+    from reflex_engine.backends.cuda import CudaOps
+
+    ops = CudaOps()
+    n_rows, n_cols, n_tok = 12288, 256, 500
+    ops.reserve([(GGMLType.Q4_K, (n_cols, n_rows))], CacheShape(1, 16, 64, 64), activation_width=n_rows + n_cols)
+    w_cpu, w_gpu = both(ops, "Q4_K", n_rows, n_cols)
+    assert -(-n_rows // 128) * -(-n_tok // 128) >= 2 * ops.device.info.multiprocessors
+    x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
+    got = ops.to_host(ops.matmul(host(ops, x), w_gpu))
+    assert rel_err(got, cpu.matmul(x, w_cpu).astype(np.float64)) < 3e-3
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES)

@@ -11,7 +11,7 @@ dk / dv key / value head widths, V vocabulary.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Iterator, Mapping, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Protocol, Sequence
 
 Tensor = Any  # a backend's activation: numpy array on the CPU, device buffer on CUDA
 Weight = Any  # a backend's prepared weight (see Ops.load_weight)
@@ -81,6 +81,11 @@ class Ops(Protocol):
     def commit_weights(self) -> int:
         """After the last load_weight: returns once every weight is usable, with the bytes it
         copied to a device (0 where nothing was copied). load_weight's data stays alive until then."""
+
+    def replayable(self, forward: Callable[[Batch], Tensor]) -> Callable[[Batch], Tensor]:
+        """forward(batch) -> logits of the batch's one token, as a function the backend may record
+        on its first call and replay after (a CUDA graph): every later batch must have the same
+        shape (one token, segment 0) and forward must do nothing but call ops."""
 
     def new_kv_cache(self, shape: CacheShape) -> Any:
         """The cache, made once per model and reused by every request: K, V and slot segments."""

@@ -6,11 +6,13 @@
 #define ATTN_WARPS 4
 #define ATTN_MAX_PER_LANE 8  // head widths up to 256, 32 lanes
 
-// Slots start..start+n_tok-1 get the rows of k and v. Grid: one block per token.
+// Slots start..start+n_tok-1 get the rows of k and v. Grid: one block per token. Here and below
+// the first slot is read from device memory (*start_at), so a captured decode step replays at
+// every position.
 extern "C" __global__ void __launch_bounds__(256)
 kv_store(const float* k, const float* v, __half* k_cache, __half* v_cache, int* slot_seg,
-         const int* seg, int start, int n_tok, int k_width, int v_width) {
-    const int i = blockIdx.x;
+         const int* seg, const int* start_at, int n_tok, int k_width, int v_width) {
+    const int i = blockIdx.x, start = *start_at;
     const size_t slot = (size_t)start + i;
     for (int c = threadIdx.x; c < k_width; c += blockDim.x)
         k_cache[slot * k_width + c] = __float2half_rn(k[(size_t)i * k_width + c]);
@@ -133,9 +135,10 @@ __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
 // Grid (n_tok, n_heads), block ATTN_WARPS * 32; dk, dv multiples of 32, at most 256.
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP)
 attention(const float* q, const __half* k_cache, const __half* v_cache, const int* slot_seg,
-          const int* seg, float* out, int start, int n_tok, int n_heads, int n_kv_heads, int dk,
+          const int* seg, float* out, const int* start_at, int n_tok, int n_heads, int n_kv_heads, int dk,
           int dv, float scale) {
     __shared__ AttnMerge merge;
+    const int start = *start_at;
     // The other widths keep all ATTN_MAX_PER_LANE dims a lane, so a shorter step keeps their
     // registers (which size the whole kernel's) in check.
     if (dk == 64 && dv == 64)
@@ -257,10 +260,11 @@ __device__ __forceinline__ void attend_tiled(const float* q, const __half* k_cac
 // `attention`). Grid (ceil(n_tok / ATTN_QT), n_heads), block ATTN_WARPS * 32.
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP)
 attention_tiled(const float* q, const __half* k_cache, const __half* v_cache, const int* slot_seg,
-                const int* seg, float* out, int start, int n_tok, int n_heads, int n_kv_heads, int dk,
+                const int* seg, float* out, const int* start_at, int n_tok, int n_heads, int n_kv_heads, int dk,
                 int dv, float scale) {
     // one buffer for both widths: separate __shared__ variables would each take their room
     __shared__ __align__(16) unsigned char smem[sizeof(TiledSmem<128, 128>)];
+    const int start = *start_at;
     if (dk == 64 && dv == 64)
         attend_tiled<64, 64>(q, k_cache, v_cache, slot_seg, seg, out, start, n_tok, n_heads, n_kv_heads, scale,
                              *reinterpret_cast<TiledSmem<64, 64>*>(smem));

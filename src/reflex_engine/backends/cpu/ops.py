@@ -30,6 +30,9 @@ class CpuOps:
     def commit_weights(self) -> int:
         return 0  # load_weight already holds every weight
 
+    def replayable(self, forward):
+        return forward  # numpy has no launches to save
+
     def new_kv_cache(self, shape: CacheShape) -> KVCache:
         # np.zeros maps untouched pages lazily: a long context costs memory only where written
         return KVCache(

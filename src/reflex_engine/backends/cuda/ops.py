@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 from typing import NamedTuple, Sequence
 
 from ...errors import ReflexError
@@ -24,6 +25,10 @@ MATVEC_MAX_TOKENS = 8  # kernels/matvec.cu: up to 8 tokens share one pass over t
 MAX_BATCH = 512  # tokens per forward pass; the engine splits longer batches
 TOP_K_MAX = 256  # kernels/sampling.cu top_k
 TILED_ATTENTION_MIN_TOKENS = 64  # below this, 16 queries a block leave the GPU too few blocks
+F16_GEMM_MIN_TOKENS = 128  # from here on weights are dequantized once per pass (kernels/gemm_f16.cu)
+W16_MAX_BYTES = 64 << 20  # the f16 copy of weight rows that long-prompt GEMMs work from
+# the per-pass ints a forward pass reads from scratch, in their order there (graph.py stages them)
+STEP_INTS = ("tokens", "positions", "segments", "start", "rows")
 
 
 def kernel_suffix(t: GGMLType) -> str:
@@ -88,6 +93,8 @@ class CudaOps:
         self._weights = self._cache = self._scratch = self._small = self._large = None
         self._positions = None  # (sequence, device copy) of the last rope call: q and k share it
         self._pending: list[tuple[Copy, memoryview]] = []  # weight copies waiting for commit_weights
+        self._captured_ints: dict[str, list[int]] | None = None  # while graph.py captures a step
+        self.graphs = os.environ.get("REFLEX_CUDA_GRAPHS") != "0"  # replay decode steps as CUDA graphs
 
     @property
     def description(self) -> str:
@@ -100,22 +107,29 @@ class CudaOps:
         """Check that the weights, a cache of `cache`'s shape and the activation buffers fit in free
         device memory, then take all three (activation_width: float32 values live per token)."""
         kv_bytes = cache.n_layers * aligned(cache.capacity * (cache.k_width + cache.v_width) * 2) + aligned(4 * cache.capacity)
-        scratch = aligned(4 * (5 * MAX_BATCH + cache.capacity)) + aligned(8 * 2 * MAX_BATCH) + aligned(8 * TOP_K_MAX + 16)
-        # two pools: decode-sized buffers (a step's addresses never move) and whole-pass ones
+        ints = {**{kind: 1 if kind == "start" else MAX_BATCH for kind in STEP_INTS}, "pairs": MAX_BATCH, "history": cache.capacity}
+        # dequantized weight rows for the long-prompt GEMM: the largest matrix, up to a cap (more rows run in turns)
+        self._w16_bytes = aligned(min(W16_MAX_BYTES, max((2 * math.prod(shape) for _, shape in tensors if len(shape) == 2), default=0)))
+        scratch = (sum(aligned(4 * n) for n in ints.values()) + aligned(8 * 2 * MAX_BATCH) + aligned(8 * TOP_K_MAX + 16)
+                   + self._w16_bytes)
+        # three pools: decode-sized buffers (a step's addresses never move), the same for a captured
+        # decode step alone (graph.py), and whole-pass ones
         small, large = aligned(2 * MATVEC_MAX_TOKENS * activation_width * 4), aligned(MAX_BATCH * activation_width * 4)
-        plan = Plan(sum(device_nbytes(t, s) for t, s in tensors) + len(tensors) * 256, kv_bytes, small + large, scratch)
+        plan = Plan(sum(device_nbytes(t, s) for t, s in tensors) + len(tensors) * 256, kv_bytes, 2 * small + large, scratch)
         plan.check(self.device.free_memory(), self.device.info.name, cache.capacity)
+        self.reserved_bytes = plan.total
         dev = self.device
         self._weights = Region(dev.alloc(plan.weights), plan.weights, "weights")
         self._cache = Region(dev.alloc(plan.cache), plan.cache, "KV cache")
         self._scratch = Region(dev.alloc(plan.scratch), plan.scratch, "scratch")
         self._small = Pool(Region(dev.alloc(small), small, "small activation"), MATVEC_MAX_TOKENS)
+        self._graph_pool = Pool(Region(dev.alloc(small), small, "graph activation"), MATVEC_MAX_TOKENS)
         self._large = Pool(Region(dev.alloc(large), large, "activation"), MAX_BATCH)
         s = self._scratch
-        self._ints = {k: s.carve(4 * n) for k, n in (("tokens", MAX_BATCH), ("positions", MAX_BATCH), ("segments", MAX_BATCH),
-                                                    ("rows", MAX_BATCH), ("pairs", MAX_BATCH), ("history", cache.capacity))}
+        self._ints = {kind: s.carve(4 * n) for kind, n in ints.items()}  # STEP_INTS first: one contiguous span
         self._f64 = s.carve(8 * 2 * MAX_BATCH)
         self._top = s.carve(8 * TOP_K_MAX + 16)  # top_k's ids, values and (max, sum of exp)
+        self._w16 = s.carve(self._w16_bytes) if self._w16_bytes else 0
 
     def load_weight(self, name, ggml_type, shape, data) -> Weight:
         ggml_type, shape = GGMLType(ggml_type), tuple(shape)
@@ -137,6 +151,13 @@ class CudaOps:
         self._pending = []
         return nbytes
 
+    def replayable(self, forward):
+        if not self.graphs:
+            return forward
+        from .graph import DecodeGraph
+
+        return DecodeGraph(self, forward, STEP_INTS)
+
     def new_kv_cache(self, shape: CacheShape) -> KVCache:
         c = self._cache
         k = [c.carve(shape.capacity * shape.k_width * 2) for _ in range(shape.n_layers)]
@@ -153,15 +174,21 @@ class CudaOps:
 
     def poison(self) -> None:
         """Fill every activation buffer with NaN, so a test sees any element a kernel did not write."""
-        for pool in (self._small, self._large):
+        for pool in (self._small, self._graph_pool, self._large):
             self.device.drv.cuMemsetD32Async(pool.region.base, 0x7FC00000, pool.region.size // 4, self.device.stream)
 
     def _new(self, rows: int, cols: int) -> Tensor:
-        return Tensor(self._small if rows <= MATVEC_MAX_TOKENS else self._large, rows, cols)
+        if rows > MATVEC_MAX_TOKENS:
+            return Tensor(self._large, rows, cols)
+        return Tensor(self._small if self._captured_ints is None else self._graph_pool, rows, cols)
 
     def _upload_ints(self, kind: str, values: Sequence[int]) -> int:
-        """Copy ints into their scratch slot; pageable source: the driver stages it before returning."""
+        """Copy ints into their scratch slot; pageable source: the driver stages it before returning.
+        While a decode step is captured, record them instead: graph.py stages them per replay."""
         ptr = self._ints[kind]
+        if self._captured_ints is not None:
+            self._captured_ints[kind] = list(values)
+            return ptr
         n = len(values)
         if n:
             host = (ctypes.c_int32 * n)(*values)
@@ -193,9 +220,25 @@ class CudaOps:
         suffix = kernel_suffix(weight.ggml_type)
         if x.rows <= MATVEC_MAX_TOKENS:
             self.device.launch(f"matvec_{suffix}", (-(-weight.n_rows // 4),), 128, args)
+        elif x.rows >= F16_GEMM_MIN_TOKENS and weight.n_cols % 32 == 0 and 2 * weight.n_cols <= self._w16_bytes:
+            self._matmul_f16(x, weight, out, suffix)
         else:
             self.device.launch(f"gemm_{suffix}", (-(-weight.n_rows // 64), -(-x.rows // 64)), 128, args)
         return out
+
+    def _matmul_f16(self, x: Tensor, weight: Weight, out: Tensor, suffix: str) -> None:
+        """Long prompts (kernels/gemm_f16.cu): as many weight rows as the scratch holds dequantized
+        to f16, then the tensor-core GEMM writes their columns of out; repeated until every row is done."""
+        dev, k, t = self.device, weight.n_cols, x.rows
+        step = max(1, self._w16_bytes // (2 * k))
+        for r0 in range(0, weight.n_rows, step):
+            rows = min(step, weight.n_rows - r0)
+            dev.launch(f"dequant_f16_{suffix}", (-(-rows * (k // 32) // 256),), 256,
+                       (PTR(weight.ptr), PTR(self._w16), INT(r0), INT(rows), INT(k)))
+            big = -(-rows // 128) * -(-t // 128) >= 2 * dev.info.multiprocessors
+            tile = 128 if big else 64
+            dev.launch(f"gemm_f16_{tile}", (-(-rows // tile), -(-t // tile)), 256 if big else 128,
+                       (PTR(self._w16), PTR(x.ptr), PTR(out.ptr + 4 * r0), INT(rows), INT(k), INT(t), INT(weight.n_rows)))
 
     def _elementwise(self, kernel: str, a: Tensor, b: Tensor) -> Tensor:
         out = self._new(a.rows, a.cols)
@@ -223,15 +266,16 @@ class CudaOps:
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: KVCache, layer: int, batch: Batch,
                   n_heads: int, n_kv_heads: int, scale: float) -> Tensor:
         dev, t = self.device, q.rows
-        if layer == 0:
+        if layer == 0:  # every layer's pass has the same slots
             self._segments = self._upload_ints("segments", batch.segments)
+            self._start = self._upload_ints("start", [batch.start])
         dk, dv = k.cols // n_kv_heads, v.cols // n_kv_heads
         dev.launch("kv_store", (t,), 256, (PTR(k.ptr), PTR(v.ptr), PTR(cache.k[layer]), PTR(cache.v[layer]),
-                                           PTR(cache.segments), PTR(self._segments), INT(batch.start), INT(t),
+                                           PTR(cache.segments), PTR(self._segments), PTR(self._start), INT(t),
                                            INT(k.cols), INT(v.cols)))
         out = self._new(t, n_heads * dv)
         args = (PTR(q.ptr), PTR(cache.k[layer]), PTR(cache.v[layer]), PTR(cache.segments), PTR(self._segments),
-                PTR(out.ptr), INT(batch.start), INT(t), INT(n_heads), INT(n_kv_heads), INT(dk), INT(dv), F32(scale))
+                PTR(out.ptr), PTR(self._start), INT(t), INT(n_heads), INT(n_kv_heads), INT(dk), INT(dv), F32(scale))
         if t >= TILED_ATTENTION_MIN_TOKENS and dk == dv and dk in (64, 128):
             dev.launch("attention_tiled", (-(-t // 16), n_heads), 128, args)
         else:  # decode and short batches: a block per (query, head) spreads the slots over its warps
@@ -311,9 +355,9 @@ class CudaOps:
             for a in range(0, n_tokens, MAX_BATCH):
                 rows = min(MAX_BATCH, n_tokens - a)
                 kt, vt = (self._rows_from_host(x, a, rows) for x in (k, v))
-                segs = self._upload_ints("segments", [0] * rows)
+                segs, start = self._upload_ints("segments", [0] * rows), self._upload_ints("start", [a])
                 dev.launch("kv_store", (rows,), 256, (PTR(kt.ptr), PTR(vt.ptr), PTR(cache.k[i]), PTR(cache.v[i]),
-                                                      PTR(cache.segments), PTR(segs), INT(a), INT(rows),
+                                                      PTR(cache.segments), PTR(segs), PTR(start), INT(rows),
                                                       INT(shape.k_width), INT(shape.v_width)))
                 del kt, vt
         if n_tokens:
