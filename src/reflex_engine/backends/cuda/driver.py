@@ -57,6 +57,7 @@ _SIGNATURES = {
     "cuEventCreate": (POINTER(c_void_p), c_uint),
     "cuEventRecord": (c_void_p, c_void_p),
     "cuEventSynchronize": (c_void_p,),
+    "cuEventDestroy_v2": (c_void_p,),
     "cuEventElapsedTime": (POINTER(c_float), c_void_p, c_void_p),
     "cuModuleLoadData": (POINTER(c_void_p), c_void_p),
     "cuModuleGetFunction": (POINTER(c_void_p), c_void_p, c_char_p),
