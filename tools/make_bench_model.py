@@ -1,12 +1,13 @@
 """A Qwen3-0.6B-shaped (or 8B-shaped) GGUF of random weights, for timing only.
 
-    python tools/make_bench_model.py VOCAB.gguf OUT.gguf [--shape 0.6b|8b]
+    python tools/make_bench_model.py VOCAB.gguf OUT.gguf [--shape 0.6b|8b] [--quant q4_k_m|q8_0]
 
 The tokenizer (and its metadata) is copied from VOCAB.gguf, a real Qwen vocabulary such as
 llama.cpp's models/ggml-vocab-qwen2.gguf, so prompts tokenize as they would. Weights are
-random blocks in a Q4_K_M-like mix (Q6_K for the embeddings and for attn_v/ffn_down in a third
-of the layers, Q4_K elsewhere), with small valid f16 scales so activations stay finite; no
-quantizer is needed. Needs numpy and gguf-py (not the engine).
+random blocks in a Q4_K_M-like mix (Q6_K for the tied embeddings or the LM head and for
+attn_v/ffn_down in a third of the layers, Q4_K elsewhere), or Q8_0 for every matrix, with small
+valid f16 scales so activations stay finite; no quantizer is needed. Needs numpy and gguf-py
+(not the engine).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ SHAPES = {  # layers, embedding, FFN, heads, KV heads, head width, own LM head (
     "0.6b": (28, 1024, 3072, 16, 8, 128, False),
     "8b": (36, 4096, 12288, 32, 8, 128, True),
 }
-BLOCK = {T.Q4_K: (256, 144, (0, 2)), T.Q6_K: (256, 210, (208,))}  # elements, bytes, f16 scale offsets
+BLOCK = {T.Q4_K: (256, 144, (0, 2)), T.Q6_K: (256, 210, (208,)), T.Q8_0: (32, 34, (0,))}  # elements, bytes, f16 scale offsets
 
 
 def random_blocks(rng, qtype, n_rows: int, n_cols: int) -> np.ndarray:
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("vocab")
     ap.add_argument("out")
     ap.add_argument("--shape", choices=SHAPES, default="0.6b")
+    ap.add_argument("--quant", choices=("q4_k_m", "q8_0"), default="q4_k_m")
     args = ap.parse_args()
     n_layers, e, f, h, hkv, d, lm_head = SHAPES[args.shape]
     vocab = GGUFReader(args.vocab)
@@ -48,7 +50,7 @@ def main() -> None:
                 w.add_array(key, value)
             else:
                 w.add_key_value(key, value, field.types[0])
-    w.add_name(f"random Qwen3-{args.shape} shape")
+    w.add_name(f"random Qwen3-{args.shape} shape {args.quant.upper()}")
     w.add_block_count(n_layers)
     w.add_context_length(40960)
     w.add_embedding_length(e)
@@ -62,6 +64,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
 
     def quant(name, qtype, n_rows, n_cols):
+        qtype = T.Q8_0 if args.quant == "q8_0" else qtype  # llama.cpp's Q8_0: every matrix
         w.add_tensor(name, random_blocks(rng, qtype, n_rows, n_cols), raw_dtype=qtype)
 
     def norm(name, n):
@@ -89,7 +92,7 @@ def main() -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    print(f"wrote {args.out}: Qwen3-{args.shape} shape, {n_vocab} tokens")
+    print(f"wrote {args.out}: Qwen3-{args.shape} shape, {args.quant.upper()}, {n_vocab} tokens")
 
 
 if __name__ == "__main__":
