@@ -142,6 +142,17 @@ def test_prepared_layout_is_used_and_a_stale_one_ignored(tmp_path):
         GGUFFile._skip_strings = original
 
 
+@pytest.mark.parametrize("layout", [1j, [("tokenizer.ggml.tokens", 1)], "layout", {"tokenizer.ggml.tokens": None}])
+def test_a_prepared_layout_of_the_wrong_shape_is_ignored(tmp_path, layout):
+    # found by fuzzing (fuzz/fuzz_sidecar.py): a section that read back as a non-dict was AttributeError
+    path = str(tmp_path / "m.gguf")
+    with open(path, "wb") as fh:
+        fh.write(make_fixtures.raw_gguf(make_fixtures.base_spec()))
+    sidecar.write_sections(path, {"layout": layout})
+    with GGUFFile(path) as f:
+        assert f.metadata["tokenizer.ggml.tokens"].tolist() == ["<s>", "a", "b", "ab"]
+
+
 _TMP = {}
 
 

@@ -39,3 +39,28 @@ def test_damaged_sidecar_is_ignored(model, damage):
 
 def test_no_sidecar_is_none(tmp_path):
     assert sidecar.read_section(str(tmp_path / "absent.gguf"), "layout") is None
+
+
+@pytest.mark.parametrize("damage", ["bomb", "bomb-in-header", "header-flip", "huge-header"])
+def test_damage_never_reaches_marshal(model, damage):
+    # Found by fuzzing (fuzz/fuzz_sidecar.py): the header was unmarshalled unchecked, and marshal is
+    # not safe on damaged data: these 5 bytes (a tuple claiming 2^31-1 items) took ~40 s and 16 GB.
+    # The header is now behind a prefix that gives its length and crc32.
+    import time
+
+    path = sidecar.sidecar_path(model)
+    data = bytearray(open(path, "rb").read())
+    bomb = b"(\xff\xff\xff\x7f"
+    prefix = sidecar._PREFIX.size
+    if damage == "bomb":
+        data = bytearray(bomb)
+    elif damage == "bomb-in-header":
+        data[prefix : prefix + len(bomb)] = bomb
+    elif damage == "header-flip":
+        data[prefix + 3] ^= 0x80
+    else:
+        data[prefix - 8 : prefix - 4] = (0xFFFFFFFF).to_bytes(4, "little")
+    open(path, "wb").write(bytes(data))
+    start = time.perf_counter()
+    assert sidecar.read_section(model, "small") is None
+    assert time.perf_counter() - start < 0.5

@@ -364,6 +364,18 @@ def test_decoding_an_id_out_of_range_is_a_clean_error():
         tok.decode([-1])
 
 
+@pytest.mark.parametrize("damage", [dict(kind="spm"), dict(bos_id=True), dict(eot_id=10**6), dict(pre=5)])
+def test_prepared_tables_that_do_not_fit_the_kind_are_ignored(tmp_path, damage):
+    # found by fuzzing (fuzz/fuzz_sidecar.py), with a fresh fingerprint: BPE tables read as SPM
+    # (no scores) raised IndexError in encode; a bool id came out of encode as a token
+    path = tmp_path / "v.gguf"
+    path.write_bytes(GOLDEN_LLAMA3.read_bytes())
+    good = prepare_tokenizer(GGUFFile(path))
+    reference = ours(str(GOLDEN_LLAMA3)).encode("Hello world")
+    sidecar.write_sections(str(path), {"tokenizer": {**good, "vocab": {**good["vocab"], **damage}}})
+    assert Tokenizer.from_gguf(GGUFFile(path)).encode("Hello world") == reference
+
+
 # -- sidecar cache ------------------------------------------------------------------------------
 
 def test_sidecar_cache_used_only_when_fresh(tmp_path, monkeypatch):

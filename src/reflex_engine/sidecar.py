@@ -5,18 +5,25 @@ tables). Each section carries the fingerprint of the GGUF bytes it was derived f
 consumer recomputes that fingerprint from the file it has open and ignores the section on any
 mismatch, and the sidecar checks each section's own crc32, so a stale or corrupt sidecar costs
 time, never correctness.
-marshal is used because it is built in and loads 150k-entry tables in a few ms.
+marshal is used because it is built in and loads 150k-entry tables in a few ms. It is not safe
+on damaged data (5 bytes can make it allocate 16 GB for half a minute), so no byte reaches it
+before its crc32 matches: the header's too, from the fixed-size prefix before it. A file crafted
+with matching crcs is trusted as the model file beside it is.
 """
 from __future__ import annotations
 
 import marshal
 import mmap
 import os
+import struct
 import zlib
 
 from .errors import ReflexError
 
-FORMAT = 2
+FORMAT = 3
+_PREFIX = struct.Struct("<8sIII")  # magic, FORMAT, the header's length and crc32
+_MAGIC = b"REFLEX\x00\x01"
+_MAX_HEADER = 1 << 20
 
 
 def sidecar_path(gguf_path: str) -> str:
@@ -31,16 +38,25 @@ def fingerprint(data) -> tuple[int, int]:
 def read_section(gguf_path: str, name: str):
     """One section of the sidecar, or None if the file or section is missing, damaged or unreadable.
 
-    A small header lists each section's (name, length, crc32); the sections' marshal bytes
-    follow in that order. Reading one section seeks past the others and checks its crc, so a
-    truncated or bit-flipped sidecar is ignored rather than trusted.
+    A prefix gives the header's length and crc32; the header lists each section's (name, length,
+    crc32); the sections' marshal bytes follow in that order. Reading one section seeks past the
+    others and checks its crc, so a truncated or bit-flipped sidecar is ignored rather than trusted.
     """
     try:
         with open(sidecar_path(gguf_path), "rb") as f:
-            header = marshal.load(f)
-            if not isinstance(header, dict) or header.get("format") != FORMAT:
+            prefix = f.read(_PREFIX.size)
+            if len(prefix) != _PREFIX.size:
                 return None
-            offset = f.tell()
+            magic, version, length, crc = _PREFIX.unpack(prefix)
+            if magic != _MAGIC or version != FORMAT or length > _MAX_HEADER:
+                return None
+            raw = f.read(length)
+            if fingerprint(raw) != (length, crc):
+                return None
+            header = marshal.loads(raw)
+            if not isinstance(header, dict):
+                return None
+            offset = _PREFIX.size + length
             for stored, length, crc in header["sections"]:
                 if stored == name:
                     # mapped, not read: one copy fewer of a multi-MB section
@@ -60,10 +76,11 @@ def write_sections(gguf_path: str, sections: dict) -> str:
     path = sidecar_path(gguf_path)
     tmp = f"{path}.tmp{os.getpid()}"
     payloads = {name: marshal.dumps(section) for name, section in sections.items()}
-    header = {"format": FORMAT, "sections": [(name, *fingerprint(p)) for name, p in payloads.items()]}
+    header = marshal.dumps({"sections": [(name, *fingerprint(p)) for name, p in payloads.items()]})
     try:
         with open(tmp, "wb") as f:
-            marshal.dump(header, f)
+            f.write(_PREFIX.pack(_MAGIC, FORMAT, *fingerprint(header)))
+            f.write(header)
             for payload in payloads.values():
                 f.write(payload)
             f.flush()

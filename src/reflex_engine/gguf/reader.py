@@ -126,7 +126,8 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike, use_sidecar: bool = True):
         self.path = os.fspath(path)
-        self._layout = (sidecar.read_section(self.path, "layout") if use_sidecar else None) or {}
+        layout = sidecar.read_section(self.path, "layout") if use_sidecar else None
+        self._layout = layout if isinstance(layout, dict) else {}  # anything else is a damaged sidecar
         self.metadata: dict[str, Any] = {}
         self.value_types: dict[str, ValueType] = {}
         self.spans: dict[str, tuple[int, int]] = {}  # key -> (start, end) of its whole KV entry

@@ -57,9 +57,12 @@ def _from_section(section, gguf_file) -> Vocab | None:
     shape_ok = (
         n > 0
         and isinstance(vocab.types, bytes) and len(vocab.types) == n
-        and len(vocab.scores) in (0, n)
+        and len(vocab.scores) == (n if vocab.kind == "spm" else 0)
         and vocab.kind in ("bpe", "spm")
+        and (vocab.pre is None or isinstance(vocab.pre, str))
         and isinstance(vocab.eog_ids, list)
-        and all(i is None or (isinstance(i, int) and 0 <= i < n) for i in (vocab.bos_id, vocab.eos_id, vocab.unk_id, *vocab.eog_ids))
+        and all(i is None or (type(i) is int and 0 <= i < n)
+                for i in (vocab.bos_id, vocab.eos_id, vocab.eot_id, vocab.eom_id, vocab.unk_id, vocab.pad_id,
+                          vocab.sep_id, *vocab.eog_ids))
     )
     return vocab if shape_ok else None
