@@ -342,6 +342,15 @@ def test_a_string_array_of_empty_strings_packs(tmp_path, native_packer, monkeypa
     assert (len(packed.table), packed.repeats, packed.first_empty) == (2, 1, 0)
 
 
+def test_a_string_array_over_4_gib_is_refused_before_packing():
+    # the table's offsets are uint32: _native.c let one string over 4 GiB wrap them
+    class Huge:
+        start, end, count = 0, 1 << 32, 1
+
+    with pytest.raises(ReflexError, match="over the 4 GiB limit"):
+        Strings.from_gguf_array(None, Huge())
+
+
 @pytest.mark.parametrize("text", ["<0xZZ>", "<0x0>", "x", "<0x0A>junk", "<0x+A>"])
 def test_a_byte_token_that_is_not_hex_is_refused_at_load(tmp_path, text):
     # was ValueError from int(text[3:5], 16) when decoding the token

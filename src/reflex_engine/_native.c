@@ -85,10 +85,12 @@ int reflex_pack_strings(const uint8_t *region, uint64_t region_len, uint64_t cou
             return -1;
         memcpy(&length, region + at, 8);
         at += 8;
-        if (length > region_len - at || length > blob_len - filled || filled > UINT32_MAX - length)
+        if (length > region_len - at || length > blob_len - filled || length > UINT32_MAX ||
+            filled > UINT32_MAX - length)
             return -1;
         const uint8_t *key = region + at;
-        memcpy(blob + filled, key, length);
+        if (length > 0) /* blob may be NULL when every string is empty */
+            memcpy(blob + filled, key, length);
         offsets[i] = (uint32_t)filled;
         filled += length;
         at += length;
@@ -103,7 +105,7 @@ int reflex_pack_strings(const uint8_t *region, uint64_t region_len, uint64_t cou
         int64_t probe = 1, repeated = 0;
         while (slots[s] >= 0) {
             uint32_t j = (uint32_t)slots[s];
-            if (offsets[j + 1] - offsets[j] == length && memcmp(blob + offsets[j], key, length) == 0) {
+            if (offsets[j + 1] - offsets[j] == length && (length == 0 || memcmp(blob + offsets[j], key, length) == 0)) {
                 repeated = 1;
                 break;
             }

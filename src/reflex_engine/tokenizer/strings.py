@@ -18,8 +18,10 @@ from typing import NamedTuple
 from zlib import crc32
 
 from .. import native
+from ..errors import ReflexError
 
 _UNSEEN = object()
+_MAX_BLOB = (1 << 32) - 1
 _SEEN_LIMIT = 1 << 16
 
 
@@ -69,6 +71,8 @@ class Strings:
     @classmethod
     def from_gguf_array(cls, gguf_file, arr, check_pairs: bool = False) -> Packed:
         """The table of a GGUF string array, packed by _native.c when the build made it."""
+        if arr.end - arr.start > _MAX_BLOB:  # offsets are uint32
+            raise ReflexError(f"tokenizer: a string array of {arr.end - arr.start:,} bytes is over the 4 GiB limit")
         if native.pack_strings is None:
             return _packed_in_python(arr.raw_strings(), check_pairs)
         region = gguf_file.raw_bytes(arr.start, arr.end)
