@@ -9,6 +9,7 @@ _native.c, an AddressSanitizer build of it.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import random
@@ -45,13 +46,22 @@ def instrumented():
 
 
 def scratch_path(name: str) -> str:
-    """A per-process file for inputs that must be on disk (tmpfs where there is one)."""
-    folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    if folder is None:
+    """A per-process file for inputs that must be on disk: in $REFLEX_FUZZ_SCRATCH, else tmpfs where
+    there is one. (libFuzzer ends a run without Python's atexit, so callers clean that folder.)"""
+    folder = os.environ.get("REFLEX_FUZZ_SCRATCH")
+    if not folder:
         import tempfile
 
-        folder = tempfile.gettempdir()
-    return os.path.join(folder, f"reflex-fuzz-{os.getpid()}-{name}")
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    path = os.path.join(folder, f"reflex-fuzz-{os.getpid()}-{name}")
+    atexit.register(_remove, path, path + ".reflex")
+    return path
+
+
+def _remove(*paths: str) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def write(path: str, data: bytes) -> str:

@@ -26,6 +26,7 @@ MAX_LEN = 1 << 14
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "Hello", "reasoning_content": "greet"}, {"role": "user", "content": "2+2?"}]
 ARGUMENTS = ("tools", "documents", "add_generation_prompt", "continue_final_message", "bos_token", "eos_token")
+MAX_SECONDS = 2.0  # chat.MAX_SECONDS here, under libFuzzer's -timeout: a render the deadline ends is not a hang
 HARMLESS = frozenset({"builtins.id"})
 # jinja2's own code, not the template's: it compiles and runs code and reads frames to rewrite the
 # traceback of an error (debug.py), and reads a function's __code__ to mark it internal (utils.py)
@@ -46,7 +47,6 @@ def _audit(event: str, args) -> None:
     _Watch.seen.append((event, repr(args)[:200]))
 
 
-chat.MAX_SECONDS = 2.0  # under libFuzzer's -timeout: a render its deadline ends is bounded, not a hang
 sys.addaudithook(_audit)
 try:  # warm up what an error imports the first time
     chat.render_chat("{{ x.y }}", [])
@@ -76,6 +76,7 @@ def one_input(data: bytes) -> None:
     except ReflexError:
         pass
     _Watch.seen, _Watch.rendering = [], True
+    deadline, chat.MAX_SECONDS = chat.MAX_SECONDS, MAX_SECONDS
     try:
         text = chat.render_chat(template, messages, **kwargs)
     except ReflexError as e:
@@ -86,7 +87,7 @@ def one_input(data: bytes) -> None:
             raise
         text = ""
     finally:
-        _Watch.rendering = False
+        _Watch.rendering, chat.MAX_SECONDS = False, deadline
     assert not _Watch.seen, f"the template reached outside the sandbox: {_Watch.seen[:5]}"
     assert isinstance(text, str) and len(text) <= chat.MAX_CHARS, len(text)
 

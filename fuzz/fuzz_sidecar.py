@@ -28,6 +28,7 @@ with common.instrumented():
     from reflex_engine.tokenizer import Tokenizer, prepare_tokenizer
     from reflex_engine.tokenizer.cache import SECTION as TOKENIZER
 
+REACHES_NATIVE = True  # tools/fuzz.sh replays its corpus through the sanitizer build of _native.c
 MAX_LEN = 1 << 16
 GGUF = common.scratch_path("prepared.gguf")
 GOLDEN = os.path.join(common.ROOT, "tests", "goldens", "qwen3", "qwen3-Q8_0.gguf")

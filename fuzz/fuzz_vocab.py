@@ -12,6 +12,7 @@ with common.instrumented():
     from reflex_engine.tokenizer import Tokenizer
 
 PATH = common.scratch_path("vocab.gguf")
+REACHES_NATIVE = True  # tools/fuzz.sh replays its corpus through the sanitizer build of _native.c
 MAX_LEN = 1 << 15
 TEXTS = ["Hello world! 123", " <|im_end|>x<s></s>\n\n  \t", "\u00e9\u4e2d\U0001f680 \u2581a\u2581b", ""]
 
