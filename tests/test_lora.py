@@ -156,3 +156,17 @@ def test_generate_on_cuda_with_an_adapter_loads_no_numpy():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.rstrip().split("\n")[-1] == "False 0"
+
+
+def test_an_adapter_of_rank_zero_is_refused(tmp_path):
+    # found while writing fuzz/fuzz_lora.py: alpha / r was a ZeroDivisionError
+    import make_fixtures as m
+
+    spec = m.Spec(kvs=[("general.architecture", m.T_STRING, "qwen3"), ("general.type", m.T_STRING, "adapter"),
+                       ("adapter.type", m.T_STRING, "lora"), ("adapter.lora.alpha", m.T_FLOAT32, 16.0)],
+                  tensors=[m.Tensor("output.weight.lora_a", (256, 0), m.F32, b""),
+                           m.Tensor("output.weight.lora_b", (0, 384), m.F32, b"")])
+    path = tmp_path / "rank0.gguf"
+    path.write_bytes(m.raw_gguf(spec))
+    with pytest.raises(ReflexError, match="have rank 0"):
+        reflex_engine.load(base("qwen3"), device="cpu", lora=[str(path)])

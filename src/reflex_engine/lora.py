@@ -83,6 +83,8 @@ def _check_pair(path: str, name: str, a, b, plan: dict, base: GGUFFile) -> None:
     if len(a.shape) != 2 or len(b.shape) != 2 or a.shape[0] != n_in or b.shape[1] != n_out or a.shape[1] != b.shape[0]:
         raise ReflexError(f"{path}: {name}.weight.lora_a {list(a.shape)} and lora_b {list(b.shape)} do not fit the base "
                           f"model's {name}.weight {list(target.shape)}: an adapter for another base model?")
+    if b.shape[0] == 0:  # alpha / r
+        raise ReflexError(f"{path}: {name}.weight.lora_a {list(a.shape)} and lora_b {list(b.shape)} have rank 0")
 
 
 def open_adapters(loras: Sequence[tuple[str, float]], base: GGUFFile, config, plan: dict) -> list[Adapter]:
