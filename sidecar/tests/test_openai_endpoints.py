@@ -275,6 +275,7 @@ BAD_FIELDS = [  # (changes to a good request, param)
     ({"temprature": 0.5}, "temprature"),
     ({"top_k": 1.5}, "top_k"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"temperature": 10 ** 400}, "temperature"),  # found by fuzz/fuzz_openai.py: was OverflowError, a 500
 ]
 
 

@@ -185,11 +185,18 @@ def _number(body: dict, name: str, lo=None, hi=None, lo_open: bool = False):
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
         raise _type_error(name, "a number")
     if (lo is not None and (value <= lo if lo_open else value < lo)) or (hi is not None and value > hi):
         raise bad(f"Invalid '{name}': {value} is out of range ({_range(lo, hi, lo_open)})", name, "invalid_value")
     return float(value)
+
+
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer past a float's range (JSON's 1 followed by 400 zeros)
+        return False
 
 
 def _range(lo, hi, lo_open: bool = False) -> str:
