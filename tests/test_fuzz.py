@@ -18,8 +18,9 @@ sys.path.insert(0, FUZZ)
 import common  # noqa: E402  (fuzz/common.py)
 
 # harness -> seeded mutations for the replay (sized to ~1-3 s each on a busy 2-core machine)
-MUTANTS = {"gguf": 1500, "native": 3000, "vocab": 1000, "sidecar": 300, "tokenizer": 300, "chat": 150, "ipc": 150}
-ATHERIS_SECONDS = 3
+MUTANTS = {"gguf": 1500, "native": 3000, "vocab": 1000, "sidecar": 300, "tokenizer": 300, "chat": 150, "ipc": 150,
+           "lora": 150, "openai": 2000}
+ATHERIS_SECONDS = 2
 
 
 def harness(name: str):

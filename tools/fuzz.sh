@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run one fuzz harness for as long as asked:  tools/fuzz.sh NAME SECONDS [libFuzzer flags...]
 #
-# NAME is a harness in fuzz/ (gguf native vocab sidecar tokenizer chat ipc). The corpus lives in
+# NAME is a harness in fuzz/ (gguf native vocab sidecar tokenizer chat ipc lora openai). The corpus lives in
 # build/fuzz/corpus/NAME, seeded from the fixtures on the first run (fuzz/make_corpus.py) and grown
 # by every run; crashes, hangs and out-of-memory inputs land in build/fuzz/crashes/NAME-*, and the
 # run's log in build/fuzz/NAME.log. For a harness that reaches _native.c, the corpus is then
