@@ -220,7 +220,7 @@ def _load_header(path: str) -> tuple[Any, int, tuple]:
         raise ReflexError(f"{path} is damaged: its header fails its checksum")
     try:
         header = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         raise ReflexError(f"{path} is damaged: its header is not JSON") from None
     return header, offset, _identity(st)
 
