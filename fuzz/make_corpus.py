@@ -11,7 +11,7 @@ import sys
 
 import common
 
-HARNESSES = ("gguf", "native", "vocab", "sidecar", "tokenizer", "chat", "ipc", "lora", "openai")
+HARNESSES = ("gguf", "native", "vocab", "sidecar", "tokenizer", "chat", "ipc", "lora", "openai", "kvstate")
 
 
 def main(argv=None) -> int:

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Run one fuzz harness for as long as asked:  tools/fuzz.sh NAME SECONDS [libFuzzer flags...]
 #
-# NAME is a harness in fuzz/ (gguf native vocab sidecar tokenizer chat ipc lora openai). The corpus lives in
-# build/fuzz/corpus/NAME, seeded from the fixtures on the first run (fuzz/make_corpus.py) and grown
-# by every run; crashes, hangs and out-of-memory inputs land in build/fuzz/crashes/NAME-*, and the
-# run's log in build/fuzz/NAME.log. For a harness that reaches _native.c, the corpus is then
-# replayed through an AddressSanitizer + UBSan build of it (gcc; atheris's coverage cannot run under
-# gcc's ASan runtime, so the sanitizer pass is a replay, not a second fuzzing run).
+# NAME is a harness in fuzz/: gguf native vocab sidecar tokenizer chat ipc lora openai kvstate.
+# The corpus lives in build/fuzz/corpus/NAME, seeded from the fixtures on the first run
+# (fuzz/make_corpus.py) and grown by every run; crashes, hangs and out-of-memory inputs land in
+# build/fuzz/crashes/NAME-*, and the run's log in build/fuzz/NAME.log. For a harness that reaches
+# _native.c, the corpus is then replayed through an AddressSanitizer + UBSan build of it (gcc;
+# atheris's coverage cannot run under gcc's ASan runtime, so the sanitizer pass is a replay, not a
+# second fuzzing run).
 #
 # PYTHON: an interpreter with the package and atheris installed (default python3).
 # FUZZ_ASAN=0 skips the sanitizer replay; FUZZ_ASAN_MUTANTS (default 2000) sets how many seeded
