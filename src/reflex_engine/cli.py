@@ -7,6 +7,7 @@ import json
 import sys
 
 from .errors import ReflexError
+from .launch import DEVICE_DEFAULTS
 from .timing import reported_phases
 
 
@@ -95,7 +96,7 @@ def _bake_system_prompt(args) -> None:
         raise ReflexError(f"the system prompt in {args.system_prompt} tokenizes to no tokens")
     if len(ids) > file.config.n_ctx_train:
         raise ReflexError(f"the system prompt is {len(ids)} tokens, longer than the model's context ({file.config.n_ctx_train})")
-    model = file.load(args.backend, n_ctx=len(ids))
+    model = file.load(args.device, n_ctx=len(ids))
     path = baked_state_path(args.model)
     with file.timings.phase("prompt_eval"):
         model.bake_prompt(ids, path)
@@ -289,19 +290,23 @@ def _add_lora_options(p: argparse.ArgumentParser) -> None:
                    help="scale of the matching --lora's update (default 1; 0 turns it off)")
 
 
-def _add_device_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
+def _add_device_option(p: argparse.ArgumentParser, command: str) -> None:
+    p.add_argument("--device", default=DEVICE_DEFAULTS[command], choices=("cpu", "cuda", "auto"))
+
+
+def _add_device_options(p: argparse.ArgumentParser, command: str) -> None:
+    _add_device_option(p, command)
     p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default: generate and system1 the request's, rounded up to 256; "
                    "stdio, uds and check the model's)")
     _add_lora_options(p)
 
 
-def _add_run_options(p: argparse.ArgumentParser) -> None:
+def _add_run_options(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("inputs", nargs="*", metavar="MODEL PROMPT",
                    help="a .gguf file (or org/repo[@revision]:file.gguf) and the prompt (with --demo: just the prompt)")
     p.add_argument("--demo", action="store_true", help="use the embedded SmolLM2-135M-Instruct demo model")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the model's chat template")
-    _add_device_options(p)
+    _add_device_options(p, command)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text and a result line")
     p.add_argument("--import-kv", metavar="FILE", help="continue the conversation a KV state file holds: PROMPT (optional) "
                    "is appended to it; a run with the file's --seed continues its random stream")
@@ -332,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_tokenize)
 
     p = sub.add_parser("generate", help="generate text from a prompt")
-    _add_run_options(p)
+    _add_run_options(p, "generate")
     p.add_argument("-n", "--max-tokens", type=int, default=64, help="-1: until the context is full")
     p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
     p.add_argument("--top-k", type=int, default=40, help="0 = off")
@@ -347,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_generate)
 
     p = sub.add_parser("system1", help="score candidate answers in one forward pass")
-    _add_run_options(p)
+    _add_run_options(p, "system1")
     p.add_argument("--candidate", action="append", metavar="TEXT", help="a candidate continuation (repeat for each)")
     p.set_defaults(run=cmd_system1)
 
@@ -355,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     p.add_argument("--reference", required=True, metavar="NPZ",
                    help="goldens file: prompt_<i> token ids and logits_<i> float32 [T, V]; optional greedy_prompt_<j>/greedy_<j>")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    _add_device_option(p, "check")
     p.add_argument("--tolerance", type=float, default=None,
                    help="max |error| relative to each prompt's logit range (default: per device, see check.py)")
     p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default: the model's)")
@@ -368,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="warm prefill and decode speed: tokens/s, per-token latency, memory, bandwidth")
     _add_model(p)
-    p.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
+    _add_device_option(p, "bench")
     p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default: 4,352, the longest decode context's need)")
     p.add_argument("--runs", type=int, default=5, help="timed runs per figure (their median)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -390,25 +395,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("stdio", help="serve JSON-line requests on stdin/stdout, one at a time (docs/protocol.md)")
     _add_model(p)
-    _add_device_options(p)
+    _add_device_options(p, "stdio")
     p.set_defaults(run=cmd_stdio)
 
     p = sub.add_parser("uds", help="serve the stdio protocol on a Unix socket, one connection at a time")
     _add_model(p)
     p.add_argument("path", help="the socket's path (a stale socket file there is replaced)")
-    _add_device_options(p)
+    _add_device_options(p, "uds")
     p.set_defaults(run=cmd_uds)
 
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, backend=None) -> int:
+    """backend: a BackendStart that launch.run began from argv before this module was imported."""
     args = build_parser().parse_args(argv)
     try:
-        if hasattr(args, "device"):  # first: the driver's ~150-250 ms of init overlap everything after
+        if hasattr(args, "device") and args.run is not cmd_prepare:  # the driver's init overlaps all that follows
             from .backends import BackendStart
 
-            args.backend = BackendStart(args.device)
+            args.backend = backend if backend is not None and backend.device == args.device else BackendStart(args.device)
         if getattr(args, "model", None) is not None:
             args.model = _resolve_model(args.model)
         return args.run(args)

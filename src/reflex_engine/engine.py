@@ -82,7 +82,7 @@ class ModelFile:
         with self.timings.phase("backend_init"):  # what the init thread did not hide
             ops = start.ops()
         if start.cuda_init_ms is not None:
-            self.timings.phases["cuda_init_ms"] = start.cuda_init_ms
+            self.timings.phases.update(cuda_start_ms=start.started_ms, cuda_init_ms=start.cuda_init_ms)
             self.timings.phases["cuda_init_hidden_ms"] = max(0.0, start.cuda_init_ms - self.timings.phases["backend_init_ms"])
         n_ctx = n_ctx or self.config.n_ctx_train
         c, arch = self.config, self.arch

@@ -12,6 +12,7 @@ import threading
 import time
 
 from ..errors import CudaUnavailable, ReflexError
+from ..timing import since_start_ms
 
 DEVICES = ("cpu", "cuda", "auto")
 INIT_SWITCH_INTERVAL_S = 1e-4
@@ -26,6 +27,7 @@ class BackendStart:
         if device not in DEVICES:
             raise ReflexError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
         self.device = device
+        self.started_ms = since_start_ms()  # when the driver's init began, since reflex_engine's import
         self.cuda_init_ms: float | None = None  # the driver's time on the thread
         self._cuda = self._error = None
         self._thread = None
