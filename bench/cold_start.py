@@ -44,8 +44,7 @@ RUN_TIMEOUT_S = 120
 
 
 class Row(NamedTuple):
-    name: str
-    engine: str  # "floor", "reflex", "llama.cpp", "python"
+    name: str  # begins with its engine: "floor", "python3", "Reflex" or "llama.cpp" (engine_of)
     model: str  # model tag ("0.6b"), "" for the floors
     prompt: str  # prompt tag ("16"), ""
     cmd: list[str]
@@ -80,10 +79,10 @@ def build_rows(args, prompts: dict[tuple[str, str], str]) -> list[Row]:
     if args.floor_bin and os.path.exists(floor) and os.path.exists(cubin):
         here = os.path.dirname(os.path.abspath(__file__))
         for settings, suffix in (({}, ""), (DRIVER_SETTINGS, ", Reflex's driver settings")):
-            rows.append(Row(f"floor, C{suffix}", "floor", "", "", [floor, cubin], "line:FLOOR_OK", settings))
-            rows.append(Row(f"floor, python3 + ctypes{suffix}", "floor", "", "", [py, os.path.join(here, "floor.py"), cubin],
+            rows.append(Row(f"floor, C{suffix}", "", "", [floor, cubin], "line:FLOOR_OK", settings))
+            rows.append(Row(f"floor, python3 + ctypes{suffix}", "", "", [py, os.path.join(here, "floor.py"), cubin],
                             "line:FLOOR_OK", settings))
-    rows.append(Row("python3 -c pass", "python", "", "", [py, "-c", "pass"], ""))
+    rows.append(Row("python3 -c pass", "", "", [py, "-c", "pass"], ""))
     llama = args.llama_bin
     for (tag, p), text in prompts.items():
         model = dict(args.model)[tag]
@@ -92,17 +91,14 @@ def build_rows(args, prompts: dict[tuple[str, str], str]) -> list[Row]:
         short = int(p) <= args.long_prompt // 2  # the rows that only the short prompts get, to fit a device call
         generate = reflex + ["generate"] + common + ["--temp", "0", "--ignore-eos", "-n"]
         rows += [
-            Row("Reflex system1", "reflex", tag, p, reflex + ["system1"] + common + ["--candidate", " yes", "--candidate", " no"],
+            Row("Reflex system1", tag, p, reflex + ["system1"] + common + ["--candidate", " yes", "--candidate", " no"],
                 "line:REFLEX_SYSTEM1_CANDIDATE_OK"),
-            Row("Reflex generate -n 1", "reflex", tag, p, generate + ["1"], "bytes"),
+            Row("Reflex generate -n 1", tag, p, generate + ["1"], "bytes"),
         ]
         if short:
-            rows.append(Row("Reflex generate -n 32", "reflex", tag, p, generate + ["32"], "bytes"))
+            rows.append(Row("Reflex generate -n 32", tag, p, generate + ["32"], "bytes"))
         if p == args.extra_prompt and tag == args.extra_model:
-            rows += [
-                Row("Reflex generate -n 1, REFLEX_FAST_EXIT=0", "reflex", tag, p, generate + ["1"], "bytes", {"REFLEX_FAST_EXIT": "0"}),
-                Row("Reflex generate -n 1, dropped cache", "reflex", tag, p, generate + ["1"], "bytes", drop_cache=model),
-            ]
+            rows.append(Row("Reflex generate -n 1, dropped cache", tag, p, generate + ["1"], "bytes", drop_cache=model))
         if llama:
             ctx = "512" if int(p) <= 256 else str(2 * int(p))
             simple = [os.path.join(llama, "llama-simple"), "-m", model, "-n", "1", "-ngl", "99", text]
@@ -110,13 +106,13 @@ def build_rows(args, prompts: dict[tuple[str, str], str]) -> list[Row]:
                           "-fit", "off", "-no-cnv", "--no-display-prompt", "--temp", "0"]
             echo = len(text.encode()) // PIPE_BUFFER * PIPE_BUFFER
             rows += [
-                Row("llama.cpp llama-simple -n 1 -ngl 99", "llama.cpp", tag, p, simple, f"echo:{echo}"),
-                Row(f"llama.cpp llama-completion --no-warmup -c {ctx}", "llama.cpp", tag, p, completion + ["--no-warmup"], "bytes"),
+                Row("llama.cpp llama-simple -n 1 -ngl 99", tag, p, simple, f"echo:{echo}"),
+                Row(f"llama.cpp llama-completion --no-warmup -c {ctx}", tag, p, completion + ["--no-warmup"], "bytes"),
             ]
             if short:
-                rows.append(Row(f"llama.cpp llama-completion -c {ctx} (with warm-up)", "llama.cpp", tag, p, completion, "bytes"))
+                rows.append(Row(f"llama.cpp llama-completion -c {ctx} (with warm-up)", tag, p, completion, "bytes"))
             if p == args.extra_prompt and tag == args.extra_model:
-                rows.append(Row(f"llama.cpp llama-completion --no-warmup -c {ctx}, dropped cache", "llama.cpp", tag, p,
+                rows.append(Row(f"llama.cpp llama-completion --no-warmup -c {ctx}, dropped cache", tag, p,
                                 completion + ["--no-warmup"], "bytes", drop_cache=model))
     return rows
 
@@ -182,7 +178,7 @@ def run_once(row: Row, energy: Energy) -> dict:
     ok = rc == 0 and (first_ms is not None or not row.first)
     return {"row": row.name, "model": row.model, "prompt": row.prompt, "rc": rc, "ok": ok, "first_ms": first_ms, "exit_ms": exit_ms,
             "j_first": None if e0 is None or e_first is None else e_first - e0, "j_exit": None if e0 is None else e_exit - e0,
-            "phases": result_fields(text) if row.engine == "reflex" else {},
+            "phases": result_fields(text) if engine_of(row.name) == "reflex" else {},
             "stdout_tail": text[-600:], "stderr_tail": "" if ok else stderr}
 
 
@@ -202,7 +198,28 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def summarise(rows: list[Row], runs: list[dict], meta: dict) -> tuple[str, dict]:
+def engine_of(row_name: str) -> str:
+    return next(e for prefix, e in (("floor", "floor"), ("python3", "python"), ("Reflex", "reflex"), ("llama.cpp", "llama.cpp"))
+                if row_name.startswith(prefix))
+
+
+def critical_path(ph: dict) -> list[tuple[str, float]] | None:
+    """Reflex's launch-to-first-token as consecutive segments, from its phases: the interpreter,
+    its own code before the driver's init starts, the init (the host path runs beside it), the
+    model load once the driver is ready, the prompt's pass. The init's start is cuda_start_ms
+    where the result line has it, else what the other phases leave for it."""
+    need = ("interpreter_ms", "cuda_init_ms", "model_load_ms", "prompt_eval_ms", "first_token_ms", "backend_init_ms")
+    if not all(k in ph for k in need):
+        return None
+    ready = ph["first_token_ms"] - ph["prompt_eval_ms"] - ph["model_load_ms"]  # since import
+    start = ph.get("cuda_start_ms", ready - ph["cuda_init_ms"])
+    return [("interpreter", ph["interpreter_ms"]), ("before the driver's init", start),
+            ("driver init (host path beside it)", ready - start), ("model load (upload)", ph["model_load_ms"]),
+            ("prompt eval", ph["prompt_eval_ms"])]
+
+
+def summarise(runs: list[dict], meta: dict) -> tuple[str, dict]:
+    """The tables from the raw runs, rows in the order they first ran."""
     by_row: dict[tuple, list[dict]] = {}
     for r in runs:
         by_row.setdefault((r["row"], r["model"], r["prompt"]), []).append(r)
@@ -223,40 +240,34 @@ def summarise(rows: list[Row], runs: list[dict], meta: dict) -> tuple[str, dict]
             s["j_exit_above_idle"] = s["j_exit"]["p50"] - meta["idle_w"] * s["exit_ms"]["p50"] / 1e3
         stats[key] = s
 
-    def cell(s, field, unit="ms", digits=0):
+    def cell(s, field, digits=0):
         v = s.get(field)
         return "–" if not v else f"{v['p50']:.{digits}f} ({v['p95']:.{digits}f}, {v['min']:.{digits}f})"
 
+    idle = f"idle GPU power {meta['idle_w']:.1f} W" if meta.get("idle_w") is not None else "energy not measured"
     lines = [f"# Cold start, {meta['date']}, {meta['gpu']}", "",
-             f"Driver {meta['driver']}, {meta['python']}; page cache warm except where a row says "
-             f"\"dropped cache\"; n fresh processes per row, rounds interleaved; idle GPU power "
-             f"{meta['idle_w']:.1f} W" if meta.get("idle_w") is not None else "energy: not measured", "",
+             f"Driver {meta['driver']}, {meta['python']}; page cache warm except where a row says \"dropped cache\"; "
+             f"n fresh processes per row, rounds interleaved; {idle}.", "",
              "| model | prompt tokens | process | n | launch→first token p50 (p95, min) ms | launch→exit p50 (p95, min) ms "
              "| J launch→first token p50 | J launch→exit p50 | J launch→exit above idle |", "|---|---|---|---|---|---|---|---|---|"]
-    seen = []
-    for row in rows:
-        key = (row.name, row.model, row.prompt)
-        if key in seen or key not in stats:
-            continue
-        seen.append(key)
-        s = stats[key]
+    for (name, model, prompt), s in stats.items():
         j = lambda f: "–" if f not in s else f"{s[f]['p50']:.1f}"
         above = f"{s['j_exit_above_idle']:.1f}" if "j_exit_above_idle" in s else "–"
-        tokens = meta["prompt_tokens"].get(f"{row.model}/{row.prompt}", "") if row.model else ""
+        tokens = meta["prompt_tokens"].get(f"{model}/{prompt}", "") if model else ""
         failed = f" ({s['failed']} failed)" if s["failed"] else ""
-        lines.append(f"| {row.model or '–'} | {tokens or '–'} | {row.name} | {s['n']}{failed} | {cell(s, 'first_ms')} | "
+        lines.append(f"| {model or '–'} | {tokens or '–'} | {name} | {s['n']}{failed} | {cell(s, 'first_ms')} | "
                      f"{cell(s, 'exit_ms')} | {j('j_first')} | {j('j_exit')} | {above} |")
-    lines += ["", "Reflex's own phases (p50 of its result lines, ms; cuda_init ran on a thread beside the host path):", "",
+    lines += ["", "Reflex's own phases (p50 of its result lines, ms; cuda_init ran on a thread beside the host path; "
+              "first_token counts from the import of reflex_engine, interpreter is the process's age then, in 10 ms steps):", "",
               "| model | prompt | process | interpreter | gguf_open | tokenizer | cuda_init | hidden | backend wait | upload (GB/s) "
-              "| prompt_eval | first_token (since import) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        s = stats.get((row.name, row.model, row.prompt))
-        if row.engine != "reflex" or not s or not s["phases"]:
-            continue
+              "| prompt_eval | first_token |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (name, model, prompt), s in stats.items():
         ph = s["phases"]
+        if engine_of(name) != "reflex" or not ph:
+            continue
         g = lambda k: f"{ph[k]:.1f}" if k in ph else "–"
         up = f"{g('upload_ms')} ({ph['upload_gb_per_s']:.1f})" if "upload_gb_per_s" in ph else g("upload_ms")
-        lines.append(f"| {row.model} | {row.prompt} | {row.name} | {g('interpreter_ms')} | {g('gguf_open_ms')} | {g('tokenizer_ms')} | "
+        lines.append(f"| {model} | {prompt} | {name} | {g('interpreter_ms')} | {g('gguf_open_ms')} | {g('tokenizer_ms')} | "
                      f"{g('cuda_init_ms')} | {g('cuda_init_hidden_ms')} | {g('backend_init_ms')} | {up} | {g('prompt_eval_ms')} | "
                      f"{g('first_token_ms')} |")
     lines += ["", *ratios(stats)]
@@ -266,13 +277,12 @@ def summarise(rows: list[Row], runs: list[dict], meta: dict) -> tuple[str, dict]
 def ratios(stats: dict) -> list[str]:
     """Reflex against the floor at default settings and against llama.cpp's best row, same run."""
     def p50(key, field):
-        s = stats.get(key, {})
-        return s.get(field, {}).get("p50")
+        return stats.get(key, {}).get(field, {}).get("p50")
 
     floor = {f: p50(("floor, python3 + ctypes", "", ""), f) for f in ("first_ms", "exit_ms", "j_exit")}
     out = ["| model | prompt | Reflex generate -n 1 first token / exit | ÷ Python floor (first, exit, J) | "
            "llama.cpp best first token / exit | llama.cpp ÷ Reflex (first, exit) |", "|---|---|---|---|---|---|"]
-    for (name, model, prompt) in sorted(k for k in stats if k[0] == "Reflex generate -n 1"):
+    for (name, model, prompt) in (k for k in stats if k[0] == "Reflex generate -n 1"):
         r = {f: p50((name, model, prompt), f) for f in ("first_ms", "exit_ms", "j_exit")}
         peers = [k for k in stats if k[0].startswith("llama.cpp") and k[1:] == (model, prompt) and "dropped" not in k[0]]
         best = {f: min((p50(k, f) for k in peers if p50(k, f) is not None), default=None) for f in ("first_ms", "exit_ms")}
@@ -284,7 +294,7 @@ def ratios(stats: dict) -> list[str]:
     return out
 
 
-def plot(rows: list[Row], stats: dict, path: str, title: str) -> bool:
+def plot(stats: dict, path: str, title: str) -> bool:
     try:
         import matplotlib
 
@@ -292,39 +302,42 @@ def plot(rows: list[Row], stats: dict, path: str, title: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    keys = []
-    for row in rows:
-        key = (row.name, row.model, row.prompt)
-        if key in stats and "exit_ms" in stats[key] and key not in keys:
-            keys.append(key)
-    fig, ax = plt.subplots(figsize=(11, 0.32 * len(keys) + 1.5))
+    keys = [k for k, s in stats.items() if "exit_ms" in s]
+    fig, ax = plt.subplots(figsize=(11, 0.3 * len(keys) + 2.2))
     colours = {"floor": "#888888", "python": "#bbbbbb", "reflex": "#1f77b4", "llama.cpp": "#d62728"}
-    engine = {(r.name, r.model, r.prompt): r.engine for r in rows}
-    phase_colours = [("interpreter_ms", "#c6dbef"), ("host_ms", "#9ecae1"), ("backend_init_ms", "#6baed6"),
-                     ("upload_ms", "#3182bd"), ("prompt_eval_ms", "#08519c")]
+    segment_colours = ["#f0f0f0", "#fdae6b", "#9ecae1", "#756bb1", "#08306b"]
+    labelled = set()
     for y, key in enumerate(keys):
-        s = stats[key]
+        s, engine = stats[key], engine_of(key[0])
         first, exit_ = s.get("first_ms", {}).get("p50"), s["exit_ms"]["p50"]
-        ax.barh(y, exit_, color=colours[engine[key]], alpha=0.35)
+        ax.barh(y, exit_, color=colours[engine], alpha=0.3)
         if first:
-            ax.barh(y, first, color=colours[engine[key]], alpha=0.9)
-        ph = s["phases"]
-        if engine[key] == "reflex" and "interpreter_ms" in ph:  # the critical path, in order
+            ax.barh(y, first, color=colours[engine], alpha=0.85)
+        path_ = critical_path(s["phases"]) if engine == "reflex" else None
+        if path_:
             left = 0.0
-            ph = {**ph, "host_ms": ph.get("gguf_open_ms", 0) + ph.get("tokenizer_ms", 0)}
-            for k, c in phase_colours:
-                width = ph.get(k, 0.0)
-                ax.barh(y, width, left=left, height=0.35, color=c, edgecolor="white", linewidth=0.3)
+            for (label, width), colour in zip(path_, segment_colours):
+                ax.barh(y, width, left=left, height=0.4, color=colour, edgecolor="white", linewidth=0.3,
+                        label=None if label in labelled else label)
+                labelled.add(label)
                 left += width
     ax.set_yticks(range(len(keys)))
     ax.set_yticklabels([f"{m + ' ' if m else ''}{p + ' tok ' if p else ''}{n}" for n, m, p in keys], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("ms from launch (p50): dark = first token, light = exit; Reflex's inner bar: interpreter, "
-                  "host path, unhidden CUDA init, upload, prompt eval")
+    ax.set_xlabel("ms from launch, p50: dark = first token, light = exit; inner bars: Reflex's critical path", fontsize=8)
+    ax.legend(fontsize=7, loc="upper right")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     return True
+
+
+def write_summary(out: str, runs: list[dict], meta: dict) -> str:
+    table, stats = summarise(runs, meta)
+    with open(os.path.join(out, "table.md"), "w") as fh:
+        fh.write(table)
+    plotted = plot(stats, os.path.join(out, "phases.png"), f"Cold start, {meta['gpu']}, {meta['date']}")
+    return table + ("" if plotted else "\n(no matplotlib: no plot)\n")
 
 
 # -- main ------------------------------------------------------------------------------------------
@@ -341,7 +354,7 @@ def machine() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", action="append", default=[], type=lambda s: tuple(s.split("=", 1)), metavar="TAG=PATH", required=True)
+    ap.add_argument("--model", action="append", default=[], type=lambda s: tuple(s.split("=", 1)), metavar="TAG=PATH")
     ap.add_argument("--prompt-tokens", default="16,1024")
     ap.add_argument("--long-prompt", type=int, default=1024,
                     help="prompts over half this get no generate -n 32 and no llama.cpp warm-up row (time)")
@@ -351,11 +364,16 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--deadline-s", type=float, default=1e9, help="start no round that would end later than this")
-    ap.add_argument("--extra-model", default="0.6b", help="the model of the fast-exit and dropped-cache rows")
+    ap.add_argument("--extra-model", default="0.6b", help="the model of the dropped-cache rows")
     ap.add_argument("--extra-prompt", default="16")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--resume", help="a results folder to add rounds to")
+    ap.add_argument("--summarise", metavar="FOLDER", help="only rewrite FOLDER's table.md and phases.png from its raw.jsonl")
     args = ap.parse_args()
+    if args.summarise:
+        return resummarise(args.summarise)
+    if not args.model:
+        ap.error("give at least one --model TAG=PATH")
     t_end = time.monotonic() + args.deadline_s
     meta = machine()
     prompts, counts = {}, {}
@@ -396,16 +414,21 @@ def main() -> None:
     idle.append(energy.idle_watts(3.0))
     meta["idle_w"] = statistics.mean(idle) if None not in idle else None
     meta["commands"] = {f"{r.name} [{r.model} {r.prompt}]": {"cmd": r.cmd, "env": r.env} for r in rows}
-    with open(raw_path) as fh:
-        runs = [json.loads(line) for line in fh]
-    table, stats = summarise(rows, runs, meta)
-    with open(os.path.join(out, "table.md"), "w") as fh:
-        fh.write(table)
     with open(os.path.join(out, "meta.json"), "w") as fh:
         json.dump(meta, fh, indent=1)
-    plotted = plot(rows, stats, os.path.join(out, "phases.png"), f"Cold start, {meta['gpu']}, {meta['date']}")
-    print(table + ("" if plotted else "\n(no matplotlib: no plot)"), flush=True)
+    print(write_summary(out, load_runs(raw_path), meta), flush=True)
 
+
+def load_runs(raw_path: str) -> list[dict]:
+    with open(raw_path) as fh:
+        return [json.loads(line) for line in fh]
+
+
+def resummarise(folder: str) -> None:
+    """table.md and phases.png again from a results folder's raw.jsonl and meta.json."""
+    with open(os.path.join(folder, "meta.json")) as fh:
+        meta = json.load(fh)
+    print(write_summary(folder, load_runs(os.path.join(folder, "raw.jsonl")), meta))
 
 if __name__ == "__main__":
     main()

@@ -87,7 +87,9 @@ def test_a_prompt_given_with_an_import_is_appended(model, tmp_path):
     ref, ref_lp = run(model, prompt + a.tokens + more, 6, greedy)
     assert b.prompt_tokens == ref.prompt_tokens == len(prompt) + 3 + 5 and b.cached_tokens == len(prompt) + 2
     assert b.tokens == ref.tokens
-    np.testing.assert_allclose(b_lp, ref_lp, atol=1e-3)
+    # on CUDA the two batchings take different kernels: the GEMM rounds activations to f16, matvec
+    # keeps float32 (the H200 once gave 1.2e-3 on one of six)
+    np.testing.assert_allclose(b_lp, ref_lp, atol=1e-3 if model.device == "cpu" else 5e-3)
 
 
 def test_system1_exports_its_prompt_and_imports_a_state(model, tmp_path):
