@@ -24,6 +24,8 @@ class Sampler:
         """The ids left after every filter and the probabilities to draw them with."""
         p = self.params
         logits = self._penalized(np.array(logits, dtype=np.float32), history)
+        if np.isnan(logits).any() or np.isposinf(logits).any():  # no distribution to sample from
+            raise ReflexError("the model's logits are not finite (NaN or +inf): its weights or its KV state are damaged")
         if p.temperature == 0:
             return np.array([np.argmax(logits)]), np.ones(1)
         ids = np.argsort(-logits, kind="stable")
