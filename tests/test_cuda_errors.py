@@ -145,3 +145,16 @@ def test_an_install_without_kernels(fake, capsys, monkeypatch, tmp_path):
     code, err = run(capsys, "generate", MODEL, "hi", "--device", "cuda")
     assert code == 1 and len(err) == 1 and "this install has no CUDA kernels" in err[0]
     assert create_backend("auto").name == "cpu"
+
+
+def test_an_architecture_without_cuda_kernels_is_one_line_on_cuda_and_takes_the_cpu_on_auto(fake, capsys):
+    import reflex_engine
+
+    fake()
+    moe = paths("qwen3moe", "Q8_0")[0]
+    code, err = run(capsys, "generate", moe, "hi", "--device", "cuda", "-n", "1")
+    assert code == 1 and err == ["reflex: error: qwen3moe runs on the CPU backend for now: use --device cpu"]
+    assert create_backend("auto").name == "cuda"  # this fake machine has a usable GPU
+    assert reflex_engine.load(moe, device="auto").ops.name == "cpu"
+    code, err = run(capsys, "generate", moe, "hi", "--device", "auto", "-n", "1")
+    assert code == 0 and err == []

@@ -188,6 +188,18 @@ ARCHS = {
                                    rope_theta=500000.0, rope_parameters=dict(LLAMA3_ROPE)),
                        types=("F32", "Q8_0"), long_prompts=(160,), long_greedy=(300, 280, 260, 240),
                        reference="checkpoint"),
+    # Qwen3-MoE: 8 experts of FFN width 32, 2 per token, on hidden 64 (2 heads / 1 KV head of 32),
+    # so the files stay small; Q4_K and the other 256-value blocks do not fit rows of 32 or 64, so
+    # the requantized type is Q4_0. norm_topk_prob=True: llama.cpp always renormalises the top-k
+    # weights (the converter writes no key for it), so a False checkpoint would not be its model.
+    # transformers' GGUF loader ignores expert_feed_forward_length (it assumes 768), so the
+    # reference is the checkpoint with each file's weights.
+    "qwen3moe": ArchSpec("qwen3moe", "qwen3moe", "qwen2", QWEN2_REGEX, False, None, False,
+                         config=dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                     moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                                     norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                                     tie_word_embeddings=False),
+                         types=("F32", "F16", "BF16", "Q8_0", "Q4_0"), reference="checkpoint"),
 }
 
 
@@ -366,10 +378,12 @@ def save_tokenizer(tok, spec: ArchSpec, ckpt: Path) -> None:
 def build_model(spec: ArchSpec, ckpt: Path, seed: int):
     """Random tiny model with O(1) logits and non-trivial norm weights; saved next to the tokenizer."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                              Qwen3MoeForCausalLM)
 
     config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM),
-                             "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[spec.arch]
+                             "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+                             "qwen3moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}[spec.arch]
     cfg = config_cls(**{**COMMON_CONFIG, **copy.deepcopy(spec.config)})  # the config may edit its dicts
     torch.manual_seed(seed)
     model = model_cls(cfg).float().eval()
@@ -429,19 +443,23 @@ def requantize(src: Path, dst: Path, type_name: str, quantizer: GgmlQuantizer) -
         vtype = field.types[0]
         writer.add_key_value(field.name, value, vtype,
                              sub_type=field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    block_size = gguf.GGML_QUANT_SIZES[qtype][0]
     for t in reader.tensors:
         data = np.asarray(t.data)
         assert t.tensor_type == gguf.GGMLQuantizationType.F32
-        if data.ndim == 2:
-            assert data.shape[1] % 256 == 0, (t.name, data.shape)  # every block type here fits a row
-            blocks = quantizer.quantize(data, qtype)
+        # matrices and stacked experts (3-D, quantized row by row); the MoE router stays F32 as
+        # llama-quantize leaves it
+        if data.ndim >= 2 and not t.name.endswith("ffn_gate_inp.weight"):
+            assert data.shape[-1] % block_size == 0, (t.name, data.shape)
+            rows = data.reshape(-1, data.shape[-1])
+            blocks = quantizer.quantize(rows, qtype)
             # gguf-py is what transformers dequantizes with; it must agree bit for bit with ggml's C
             via_py = gguf.dequantize(blocks, qtype)
-            via_c = quantizer.dequantize(blocks, qtype, data.shape[1])
+            via_c = quantizer.dequantize(blocks, qtype, data.shape[-1])
             assert np.array_equal(via_py.view(np.uint32), via_c.view(np.uint32)), f"{t.name}: gguf-py != ggml"
             if type_name in ("Q4_0", "Q4_1"):  # gguf-py's quantizer is documented byte-identical for these
-                assert np.array_equal(gguf.quantize(data, qtype), blocks), f"{t.name}: gguf-py quantize differs"
-            writer.add_tensor(t.name, blocks, raw_dtype=qtype)
+                assert np.array_equal(gguf.quantize(rows, qtype), blocks), f"{t.name}: gguf-py quantize differs"
+            writer.add_tensor(t.name, blocks.reshape(*data.shape[:-1], -1), raw_dtype=qtype)
         else:
             writer.add_tensor(t.name, data.astype(np.float32))
     writer.write_header_to_file()
@@ -752,6 +770,15 @@ of {min(ARCHS["llama3"].long_greedy)} to {max(ARCHS["llama3"].long_greedy)} toke
 transformers' GGUF loader ignores `rope_freqs` (it would run unscaled RoPE), so the reference is the
 HF checkpoint itself with its weights replaced by the file's (gguf-py dequantization, Q/K rows
 un-permuted as that loader does); for F32 these are exactly the checkpoint's weights.
+
+Variant `qwen3moe` (GGUF architecture `qwen3moe`, tokenizer as `qwen3`): Qwen3-MoE, hidden 64,
+2 heads / 1 KV head of head_dim 32 with q/k norms, 2 layers, every FFN a router over 8 experts of
+width 32 with 2 chosen per token, `norm_topk_prob=True` (llama.cpp always renormalises the chosen
+weights; the converter writes no key for it), separate `output.weight`. The converter stacks the
+experts into `ffn_{{gate,up,down}}_exps` (3-D). Files: F32, F16, BF16, Q8_0 (converter) and Q4_0
+(every matrix and stacked expert quantized row by row, the router `ffn_gate_inp` left F32 as
+llama-quantize leaves it); the rows of 32 and 64 fit no 256-value K-quant block. Reference: the
+checkpoint with each file's weights (transformers' GGUF loader assumes an expert width of 768).
 
 Versions: torch {torch.__version__}, transformers {transformers.__version__}, tokenizers
 {tokenizers.__version__}, gguf (gguf-py) {gguf_version}, numpy {np.__version__}; llama.cpp {LLAMA_CPP_COMMIT}

@@ -80,7 +80,8 @@ class ModelFile:
             raise ReflexError(f"the context size must be at least 1 token, not {n_ctx}")
         start = started(device)
         with self.timings.phase("backend_init"):  # what the init thread did not hide
-            ops = start.ops()
+            cpu_only = None if "cuda" in self.arch.BACKENDS else f"{self.config.arch} runs on the CPU backend for now: use --device cpu"
+            ops = start.ops(cpu_only)
         if start.cuda_init_ms is not None:
             self.timings.phases.update(cuda_start_ms=start.started_ms, cuda_init_ms=start.cuda_init_ms)
             self.timings.phases["cuda_init_hidden_ms"] = max(0.0, start.cuda_init_ms - self.timings.phases["backend_init_ms"])

@@ -29,6 +29,34 @@ class Rope(NamedTuple):
     freq_scale: float = 1.0  # linear scaling: positions are multiplied by it
 
 
+class Gating(Enum):
+    """How router logits become expert probabilities (GGUF `expert_gating_func`: 1, 2)."""
+
+    SOFTMAX = 1  # over all experts: qwen3moe, DeepSeek-V2
+    SIGMOID = 2  # each expert on its own: DeepSeek-V3
+
+
+class Routing(NamedTuple):
+    """How a token's experts are chosen and weighted, as llama.cpp's build_moe_ffn does it:
+    p = gating(logits); s = p + bias; keep the n_groups_used groups whose top-2 s sum highest;
+    take the top n_used of s; weights are the unbiased p of those, optionally renormalised
+    (w / max(sum w, 2^-14)) and scaled."""
+
+    n_used: int  # experts per token (top-k)
+    gating: Gating = Gating.SOFTMAX
+    norm: bool = False
+    scale: float = 1.0  # routed scaling factor; 0 and 1 mean none
+    n_groups: int = 1  # experts split into this many equal groups (DeepSeek-V3's n_group)
+    n_groups_used: int = 1
+
+
+class Routes(NamedTuple):
+    """Each token's chosen experts, best first (ties: the lower expert id), and their weights."""
+
+    experts: Any  # (T, n_used) expert ids
+    weights: Any  # (T, n_used) float32
+
+
 class Batch(NamedTuple):
     """Tokens evaluated together, and where they land in the cache.
 
@@ -114,6 +142,15 @@ class Ops(Protocol):
                   n_heads: int, n_kv_heads: int, scale: float) -> Tensor:
         """Write k (T, Hkv*dk), v (T, Hkv*dv) to the cache at batch.start, then attend:
         q (T, H*dk) -> (T, H*dv). Query head h reads KV head h // (H / Hkv)."""
+
+    def route(self, logits: Tensor, routing: Routing, bias: Weight | None = None) -> Routes:
+        """Router logits (T, n_expert) -> Routes (see Routing); bias (n_expert,) is added to the
+        probabilities for the choice only (DeepSeek-V3's `exp_probs_b`)."""
+
+    def moe_ffn(self, x: Tensor, routes: Routes, *, gate: Weight, up: Weight, down: Weight) -> Tensor:
+        """x (T, E) -> (T, E): sum over j of weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t),
+        e = experts[t, j]; gate and up are stored (n_expert, F, E), down (n_expert, E, F) (ggml
+        shapes {E, F, n_expert} and {F, E, n_expert}). Only the chosen experts are read."""
 
     def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:
         """x[rows]: only the positions whose logits are wanted reach the LM head."""

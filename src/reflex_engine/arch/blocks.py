@@ -65,12 +65,32 @@ def swiglu_ffn(ops, lw, x):
     return linear(ops, ops.swiglu(linear(ops, x, lw.ffn_gate), linear(ops, x, lw.ffn_up)), lw.ffn_down)
 
 
+MOE_TENSORS = [
+    TensorDecl("ffn_norm", ("n_embd",)),
+    TensorDecl("ffn_gate_inp", ("n_embd", "n_expert")),  # the router
+    TensorDecl("ffn_gate_exps", ("n_embd", "n_ff_exp", "n_expert")),  # experts stacked on the outer axis
+    TensorDecl("ffn_up_exps", ("n_embd", "n_ff_exp", "n_expert")),
+    TensorDecl("ffn_down_exps", ("n_ff_exp", "n_embd", "n_expert")),
+]
+
+
+def moe_ffn(ops, lw, cfg: ArchConfig, x):
+    """Sparse SwiGLU experts: each token is routed on W_g x to cfg.routing.n_used experts, whose
+    outputs are mixed by the routing weights."""
+    routes = ops.route(linear(ops, x, lw.ffn_gate_inp), cfg.routing)  # (T, k) ids and weights
+    return ops.moe_ffn(x, routes, gate=lw.ffn_gate_exps, up=lw.ffn_up_exps, down=lw.ffn_down_exps)
+
+
+def feed_forward(ops, lw, cfg: ArchConfig, layer: int, x):
+    return moe_ffn(ops, lw, cfg, x) if cfg.is_moe(layer) else swiglu_ffn(ops, lw, x)
+
+
 def decoder_forward(ops, w, cfg: ArchConfig, cache, batch: Batch, out_rows: Sequence[int]):
     """Logits (len(out_rows), V) for the batch positions in out_rows."""
     x = ops.embed(w.token_embd, batch.tokens)  # (T, E)
     for i, lw in enumerate(w.blk):
         h = ops.add(x, attention(ops, w, lw, cfg, cache, i, batch, ops.rms_norm(x, lw.attn_norm, cfg.rms_eps)))
-        x = ops.add(h, swiglu_ffn(ops, lw, ops.rms_norm(h, lw.ffn_norm, cfg.rms_eps)))
+        x = ops.add(h, feed_forward(ops, lw, cfg, i, ops.rms_norm(h, lw.ffn_norm, cfg.rms_eps)))
     x = ops.take_rows(x, out_rows)
     lm_head = w.output if w.output is not None else w.token_embd  # tied embeddings
     return linear(ops, ops.rms_norm(x, w.output_norm, cfg.rms_eps), lm_head)

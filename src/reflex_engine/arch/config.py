@@ -5,7 +5,7 @@ from typing import Any, Mapping, NamedTuple
 
 from ..errors import ReflexError
 from ..gguf import LazyArray
-from ..ops import Rope, RopeMode
+from ..ops import Gating, Rope, RopeMode, Routing
 
 
 class ArchConfig(NamedTuple):
@@ -22,6 +22,14 @@ class ArchConfig(NamedTuple):
     rope: Rope
     n_vocab: int
     qk_norm: bool  # per-head RMSNorm of q and k before RoPE (qwen3)
+    # mixture of experts (read_moe); n_expert 0: every layer is a dense SwiGLU FFN
+    n_expert: int = 0
+    n_ff_exp: int = 0  # one expert's FFN width
+    routing: Routing | None = None
+    n_dense_layers: int = 0  # leading layers with a dense FFN before the MoE ones
+
+    def is_moe(self, layer: int) -> bool:
+        return self.n_expert > 0 and layer >= self.n_dense_layers
 
     @property
     def attn_scale(self) -> float:
@@ -36,7 +44,8 @@ class ArchConfig(NamedTuple):
         """float32 values per token that a decoder layer may hold at once, generously: the
         residual stream and its norms, q/k/v before and after norm and RoPE, the FFN, logits."""
         q, kv = self.n_heads * self.head_dim, self.n_kv_heads * (self.head_dim + self.v_head_dim)
-        return 6 * self.n_embd + 4 * q + 3 * kv + 2 * self.n_heads * self.v_head_dim + 3 * self.n_ff + self.n_vocab
+        moe = 2 * self.n_expert + 3 * self.n_ff_exp + self.n_embd if self.n_expert else 0
+        return 6 * self.n_embd + 4 * q + 3 * kv + 2 * self.n_heads * self.v_head_dim + 3 * self.n_ff + self.n_vocab + moe
 
 
 class Meta:
@@ -93,3 +102,24 @@ def read_config(metadata: Mapping[str, Any], arch: str, rope_mode: RopeMode, qk_
         n_vocab=meta.get("vocab_size", len(tokens) if tokens is not None else None),
         qk_norm=qk_norm,
     )
+
+
+def read_moe(metadata: Mapping[str, Any], cfg: ArchConfig, *, norm: bool, gating: Gating = Gating.SOFTMAX,
+             scale: float = 1.0, n_dense_layers: int = 0) -> ArchConfig:
+    """cfg with the expert keys (`expert_count`, `expert_used_count`, `expert_feed_forward_length`,
+    `expert_group_count`, `expert_group_used_count`), checked against each other."""
+    meta = Meta(metadata, cfg.arch)
+    n_expert, n_used = meta.get("expert_count"), meta.get("expert_used_count")
+    n_groups = metadata.get(f"{cfg.arch}.expert_group_count") or 1  # 0 or absent: one group
+    n_groups_used = metadata.get(f"{cfg.arch}.expert_group_used_count") or n_groups
+    if n_used > n_expert:
+        raise ReflexError(f"{cfg.arch}: expert_used_count {n_used} exceeds expert_count {n_expert}")
+    if not (isinstance(n_groups, int) and isinstance(n_groups_used, int) and 0 < n_groups_used <= n_groups
+            and n_expert % n_groups == 0 and n_used <= n_groups_used * (n_expert // n_groups)):
+        raise ReflexError(f"{cfg.arch}: {n_expert} experts cannot be split into {n_groups!r} groups of which "
+                          f"{n_groups_used!r} hold the {n_used} chosen")
+    if n_dense_layers > cfg.n_layers:
+        raise ReflexError(f"{cfg.arch}: {n_dense_layers} leading dense layers of {cfg.n_layers}")
+    n_ff_exp = meta.get("expert_feed_forward_length", cfg.n_ff // n_used or None)  # llama.cpp's fallback
+    routing = Routing(n_used, gating, norm, scale, n_groups, n_groups_used)
+    return cfg._replace(n_expert=n_expert, n_ff_exp=n_ff_exp, routing=routing, n_dense_layers=n_dense_layers)

@@ -8,6 +8,7 @@ from .blocks import ATTENTION_TENSORS, FFN_TENSORS, MODEL_TENSORS, decoder_forwa
 from .config import read_config
 
 ARCH = "llama"
+BACKENDS = ("cpu", "cuda")
 TENSORS = MODEL_TENSORS
 LAYER_TENSORS = ATTENTION_TENSORS + FFN_TENSORS
 forward = decoder_forward

@@ -8,6 +8,7 @@ from .blocks import ATTENTION_TENSORS, FFN_TENSORS, MODEL_TENSORS, QK_NORM_TENSO
 from .config import read_config
 
 ARCH = "qwen3"
+BACKENDS = ("cpu", "cuda")
 TENSORS = MODEL_TENSORS
 LAYER_TENSORS = ATTENTION_TENSORS + QK_NORM_TENSORS + FFN_TENSORS
 forward = decoder_forward

@@ -52,11 +52,15 @@ class BackendStart:
             self._error = e
         self.cuda_init_ms = (time.perf_counter() - start) * 1e3
 
-    def ops(self):
-        """The backend, once ready (blocks until the driver's init ends)."""
+    def ops(self, cpu_only: str | None = None):
+        """The backend, once ready (blocks until the driver's init ends). `cpu_only`: why the model
+        needs the CPU backend, the error for `cuda`; `auto` then takes the CPU whatever the GPU."""
         if self._thread is not None:
             self._thread.join()
             sys.setswitchinterval(self._switch_interval)
+        if cpu_only is not None and self.device == "cuda":
+            raise ReflexError(cpu_only)
+        if self._thread is not None and cpu_only is None:
             if self._error is None:
                 from .cuda import CudaOps
 

@@ -5,7 +5,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from ...ops import Batch, CacheShape, Rope, RopeMode, StateArray
+from ...ops import Batch, CacheShape, Gating, Rope, RopeMode, Routes, Routing, StateArray
 from ...quants import dequantize
 from .sampler import LastRowSampler, log_softmax
 
@@ -14,6 +14,11 @@ class KVCache(NamedTuple):
     k: list[np.ndarray]  # per layer (capacity, Hkv*dk)
     v: list[np.ndarray]  # per layer (capacity, Hkv*dv)
     segments: np.ndarray  # (capacity,) segment of each written slot
+
+
+def _top(scores: np.ndarray, k: int) -> np.ndarray:
+    """Column indices of each row's k largest scores, largest first; ties: the lower index."""
+    return np.argsort(-scores, axis=-1, kind="stable")[:, :k]
 
 
 class CpuOps:
@@ -105,6 +110,38 @@ class CpuOps:
             (slot_segments[None, :] == 0) | (slot_segments[None, :] == query_segments[:, None])
         )
         return np.where(visible, np.float32(0), np.float32(-np.inf))
+
+    def route(self, logits: np.ndarray, routing: Routing, bias: np.ndarray | None = None) -> Routes:
+        t, n_expert = logits.shape
+        if routing.gating is Gating.SOFTMAX:
+            e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+            probs = e / e.sum(axis=-1, keepdims=True)
+        else:
+            with np.errstate(over="ignore"):
+                probs = np.float32(1) / (np.float32(1) + np.exp(-logits))
+        scores = probs if bias is None else probs + bias
+        if routing.n_groups > 1:
+            groups = scores.reshape(t, routing.n_groups, n_expert // routing.n_groups)
+            group_score = -np.sort(-groups, axis=-1)[..., :2].sum(-1)  # (T, n_groups): top-2 sum
+            kept = _top(group_score, routing.n_groups_used)
+            mask = np.full(group_score.shape, True)
+            np.put_along_axis(mask, kept, False, axis=-1)
+            scores = np.where(mask[..., None], np.float32(-np.inf), groups).reshape(t, n_expert)
+        experts = _top(scores, routing.n_used)  # (T, k)
+        weights = np.take_along_axis(probs, experts, axis=-1)
+        if routing.norm:
+            weights = weights / np.maximum(weights.sum(-1, keepdims=True), np.float32(6.103515625e-5))
+        if routing.scale not in (0.0, 1.0):
+            weights = weights * np.float32(routing.scale)
+        return Routes(experts, weights.astype(np.float32))
+
+    def moe_ffn(self, x: np.ndarray, routes: Routes, *, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+        out = np.zeros_like(x)
+        for e in np.unique(routes.experts):  # each chosen expert once, over the tokens that chose it
+            rows, slot = np.nonzero(routes.experts == e)
+            h = self.swiglu(x[rows] @ gate[e].T, x[rows] @ up[e].T) @ down[e].T  # (n, E)
+            np.add.at(out, rows, h * routes.weights[rows, slot][:, None])
+        return out
 
     def take_rows(self, x: np.ndarray, rows: Sequence[int]) -> np.ndarray:
         return x[np.asarray(rows, dtype=np.int64)]
