@@ -1,0 +1,1 @@
+"""Runpod queue-endpoint worker: docs/serverless.md."""

@@ -1,0 +1,3 @@
+from .worker import main
+
+raise SystemExit(main())
