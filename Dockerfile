@@ -44,6 +44,9 @@ RUN REFLEX_CUDA=1 /opt/build/bin/pip wheel -q -w /wheels . ./sidecar \
     && /opt/build/bin/pip --python /opt/reflex/bin/python install -q --no-index --find-links /wheels \
         reflex-engine reflex-openai \
     && test -f /opt/reflex/lib/python3*/site-packages/reflex_engine/cuda_image/manifest.json
+# numpy's test suites and type stubs are never read by a server (~19 MB of the image)
+RUN find /opt/reflex/lib -depth -path '*/numpy/*' -type d -name tests -exec rm -rf {} + \
+    && find /opt/reflex/lib -path '*/numpy/*' -name '*.pyi' -delete
 
 # -- model: MODEL baked in at MODEL_PATH, prepared (`reflex prepare`) -------------------------------
 FROM builder AS model

@@ -152,10 +152,12 @@ def test_bad_input_is_a_clear_error(api_server, job_input, words):
     assert proc.poll() is None  # a bad job is the job's failure, not the worker's
 
 
-def test_bad_input_in_local_test_mode():
+def test_bad_input_and_a_bad_model_in_local_test_mode():
     """(The API server's own schema refuses an input that is not an object before the handler.)"""
     procs = [(start_local_test(job), words) for job, words in [({"prompt": PROMPT, "stream": "yes"}, "stream must be a boolean"),
                                                               ("hello", "the job's input must be an object, not str")]]
+    missing = start_local_test({"prompt": PROMPT}, REFLEX_MODEL="/nonexistent/model.gguf")
+    procs.append((missing, "the engine is gone; stopping this worker"))  # a model that cannot load
     for proc, words in procs:
         status, result, log = local_test_result(proc)
         assert status == 1, log
