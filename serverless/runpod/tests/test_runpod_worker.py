@@ -4,6 +4,8 @@ what `reflex stdio` answers directly for the same request (greedy, so the text i
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -11,7 +13,7 @@ import httpx
 import pytest
 
 from runpod_harness import (PROXY, SERVED, TIMEOUT, Engine, free_port, local_test_result, start_api_server,
-                            start_local_test, wait_listening)
+                            start_local_test, wait_listening, worker_env)
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
 PROMPT = "The capital of France is"
@@ -203,3 +205,29 @@ def test_engine_killed_mid_job_ends_the_worker(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_load_balancing_endpoint_from_the_environment(expected):
+    """The runtime image's command, configured as Runpod's load balancer does it (PORT,
+    PORT_HEALTH, everything else from the environment too): /ping on the health port says 204
+    or 200 until it can serve, then the API port answers as the engine does."""
+    port, health = free_port(), free_port()
+    env = worker_env(PORT=str(port), PORT_HEALTH=str(health), REFLEX_HOST="127.0.0.1")
+    proc = subprocess.Popen([sys.executable, "-m", "reflex_openai"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        seen, deadline = [], time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline and 200 not in seen:
+            try:
+                seen.append(httpx.get(f"http://127.0.0.1:{health}/ping", timeout=5).status_code)
+            except httpx.TransportError:
+                time.sleep(0.05)
+        assert seen and set(seen) <= {200, 204} and seen[-1] == 200, seen
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=TIMEOUT,
+                            json={"model": SERVED, "messages": MESSAGES, **GREEDY}).json()
+        assert answer["choices"][0]["message"]["content"] == expected["chat"]["text"]
+        assert httpx.post(f"http://127.0.0.1:{health}/v1/chat/completions", timeout=TIMEOUT,
+                          json={"model": SERVED, "messages": MESSAGES}).status_code == 404
+    finally:
+        proc.terminate()
+        assert proc.wait(TIMEOUT) == 0
