@@ -26,6 +26,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import NoReturn
 
 from .jobs import JobError, Request, normalise, plain_output, plain_piece, rename
 
@@ -37,7 +38,7 @@ def _log(message: str) -> None:
     print(f"reflex-runpod: {message}", file=sys.stderr, flush=True)
 
 
-def fail(message: str) -> "NoReturn":  # noqa: F821
+def fail(message: str) -> NoReturn:
     _log(message)
     os._exit(1)  # from any thread: the platform replaces a worker that exits
 
@@ -90,7 +91,7 @@ class Sidecar:
         for name in ("PORT", "PORT_HEALTH", "REFLEX_API_KEY"):  # a load-balancer's settings, not ours
             env.pop(name, None)
         self.base = f"http://127.0.0.1:{self.port}"
-        self.active = threading.Event()  # a job is being answered: let it report before exiting
+        self.active = 0  # jobs being answered: let them report before exiting
         self.stopping = False  # this worker is exiting by itself: the sidecar's exit is expected
         try:
             self.proc = subprocess.Popen(config.sidecar, env=env, stdin=subprocess.DEVNULL)
@@ -114,7 +115,7 @@ class Sidecar:
         if self.stopping:
             return
         deadline = time.monotonic() + self.config.exit_grace
-        while self.active.is_set() and time.monotonic() < deadline:  # the failed job's result goes out first
+        while self.active and time.monotonic() < deadline:  # the failed job's result goes out first
             time.sleep(POLL_S)
         fail(f"the sidecar exited (status {status}): the engine is gone; stopping this worker")
 
@@ -151,7 +152,7 @@ def make_handler(sidecar: Sidecar, config: Config):
         except JobError as e:
             yield {"error": str(e)}
             return
-        sidecar.active.set()
+        sidecar.active += 1
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as client:
                 async for item in _serve(client, sidecar.base, request, config.served_name):
@@ -159,7 +160,7 @@ def make_handler(sidecar: Sidecar, config: Config):
         except (aiohttp.ClientError, ConnectionError) as e:
             yield {"error": f"the engine is unavailable ({e}); this worker stops"}
         finally:
-            sidecar.active.clear()
+            sidecar.active -= 1
 
     return handler
 
