@@ -99,6 +99,11 @@ def build_rows(args, prompts: dict[tuple[str, str], str]) -> list[Row]:
             rows.append(Row("Reflex generate -n 32", tag, p, generate + ["32"], "bytes"))
         if p == args.extra_prompt and tag == args.extra_model:
             rows.append(Row("Reflex generate -n 1, dropped cache", tag, p, generate + ["1"], "bytes", drop_cache=model))
+            prepared = prepared_copy(model, py)
+            if prepared:
+                rows.append(Row("Reflex generate -n 1, after reflex prepare", tag, p,
+                                reflex + ["generate", prepared, text, "--device", args.device, "--temp", "0", "--ignore-eos",
+                                          "-n", "1"], "bytes"))
         if llama:
             ctx = "512" if int(p) <= 256 else str(2 * int(p))
             simple = [os.path.join(llama, "llama-simple"), "-m", model, "-n", "1", "-ngl", "99", text]
@@ -115,6 +120,20 @@ def build_rows(args, prompts: dict[tuple[str, str], str]) -> list[Row]:
                 rows.append(Row(f"llama.cpp llama-completion --no-warmup -c {ctx}, dropped cache", tag, p,
                                 completion + ["--no-warmup"], "bytes", drop_cache=model))
     return rows
+
+
+def prepared_copy(model: str, python: str) -> str | None:
+    """A hard link to the model with `reflex prepare`'s MODEL.reflex beside it (the tokenizer tables
+    and the reader's index, ahead of time), so one row runs prepared and the others do not; the
+    link shares the file's page cache. None where the folder refuses a link."""
+    link = model[: -len(".gguf")] + ".prepared.gguf" if model.endswith(".gguf") else model + ".prepared"
+    try:
+        if not os.path.exists(link):
+            os.link(model, link)
+    except OSError:
+        return None
+    done = subprocess.run([python, "-m", "reflex_engine", "prepare", link], capture_output=True, text=True)
+    return link if done.returncode == 0 else None
 
 
 # -- one run ---------------------------------------------------------------------------------------
