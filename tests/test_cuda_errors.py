@@ -147,13 +147,15 @@ def test_an_install_without_kernels(fake, capsys, monkeypatch, tmp_path):
     assert create_backend("auto").name == "cpu"
 
 
-def test_an_architecture_without_cuda_kernels_is_one_line_on_cuda_and_takes_the_cpu_on_auto(fake, capsys):
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek3"])
+def test_an_architecture_without_cuda_kernels_is_one_line_on_cuda_and_takes_the_cpu_on_auto(fake, capsys, arch):
     import reflex_engine
 
     fake()
-    moe = paths("qwen3moe", "Q8_0")[0]
+    moe = paths(arch, "Q8_0")[0]
+    name = {"deepseek3": "deepseek2"}.get(arch, arch)  # the GGUF architecture of the V3-style file
     code, err = run(capsys, "generate", moe, "hi", "--device", "cuda", "-n", "1")
-    assert code == 1 and err == ["reflex: error: qwen3moe runs on the CPU backend for now: use --device cpu"]
+    assert code == 1 and err == [f"reflex: error: {name} runs on the CPU backend for now: use --device cpu"]
     assert create_backend("auto").name == "cuda"  # this fake machine has a usable GPU
     assert reflex_engine.load(moe, device="auto").ops.name == "cpu"
     code, err = run(capsys, "generate", moe, "hi", "--device", "auto", "-n", "1")

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Make the golden test fixtures for the CPU forward pass (dev-only; CI never runs this).
 
-For each variant (llama, qwen3, and llama3: llama with Llama-3.1 RoPE scaling) the tool:
+For each variant (llama, qwen3, llama3: llama with Llama-3.1 RoPE scaling, qwen3moe, and deepseek3 /
+deepseek2: DeepSeek-V3 / V2-Lite-style MLA models) the tool:
 
 1. builds a tiny random Hugging Face checkpoint plus a toy byte-level BPE tokenizer;
 2. converts it to GGUF with llama.cpp's own ``convert_hf_to_gguf.py`` (F32, F16, BF16, Q8_0)
@@ -199,7 +200,38 @@ ARCHS = {
                                      moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
                                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
                                      tie_word_embeddings=False),
-                         types=("F32", "F16", "BF16", "Q8_0", "Q4_0"), reference="checkpoint"),
+                         types=("F32", "F16", "Q8_0", "Q4_0"), reference="checkpoint"),
+    # DeepSeek-V3-style (GGUF deepseek2): MLA with q_lora_rank 32, kv_lora_rank 32, 2 heads of
+    # qk_nope 32 + qk_rope 16 and v_head 32; 1 dense layer then 2 MoE layers of 8 experts in 2
+    # groups (1 kept), 2 per token, sigmoid gating with a random selection bias, renormalised,
+    # routed scaling 2.5, 1 shared expert. scoring_func is stored so the converter writes
+    # expert_gating_func (without it llama.cpp assumes softmax and HF V3, always sigmoid, disagrees).
+    # transformers has no deepseek2 GGUF loader: the reference is the checkpoint with each file's
+    # weights mapped back by this tool (deepseek_state_dict).
+    "deepseek3": ArchSpec("deepseek3", "deepseek_v3", "qwen2", QWEN2_REGEX, False, None, False,
+                          config=dict(hidden_size=64, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
+                                      num_key_value_heads=2, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32,
+                                      qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=8, n_shared_experts=1,
+                                      num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+                                      n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+                                      scoring_func="sigmoid", tie_word_embeddings=False),
+                          types=("F32", "Q8_0"), reference="deepseek"),
+    # DeepSeek-V2-Lite-style: no q_lora (one q projection), softmax routing over 4 experts, 2 per
+    # token, not renormalised, routed scaling 2.0, 2 shared experts, YaRN as V2-Lite's (mscale =
+    # mscale_all_dim = 0.707) with factor 8 over an original context of 64, and a 100-token prompt.
+    # Only 2 layers: llama.cpp would want 26 or 27 to accept a file without q_lora_rank, but the
+    # reference here is transformers.
+    "deepseek2": ArchSpec("deepseek2", "deepseek_v2", "qwen2", QWEN2_REGEX, False, None, False,
+                          config=dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=2, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=32,
+                                      qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=4, n_shared_experts=2,
+                                      num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+                                      n_group=1, topk_group=1, topk_method="greedy", norm_topk_prob=False,
+                                      routed_scaling_factor=2.0, tie_word_embeddings=False,
+                                      rope_parameters=dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=64,
+                                                           mscale=0.707, mscale_all_dim=0.707, beta_fast=32.0,
+                                                           beta_slow=1.0, rope_theta=10000.0)),
+                          types=("F32", "Q8_0"), long_prompts=(100,), reference="deepseek"),
 }
 
 
@@ -378,12 +410,15 @@ def save_tokenizer(tok, spec: ArchSpec, ckpt: Path) -> None:
 def build_model(spec: ArchSpec, ckpt: Path, seed: int):
     """Random tiny model with O(1) logits and non-trivial norm weights; saved next to the tokenizer."""
     import torch
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+    from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
+                              LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
                               Qwen3MoeForCausalLM)
 
     config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM),
                              "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-                             "qwen3moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}[spec.arch]
+                             "qwen3moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+                             "deepseek_v2": (DeepseekV2Config, DeepseekV2ForCausalLM),
+                             "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM)}[spec.arch]
     cfg = config_cls(**{**COMMON_CONFIG, **copy.deepcopy(spec.config)})  # the config may edit its dicts
     torch.manual_seed(seed)
     model = model_cls(cfg).float().eval()
@@ -391,6 +426,9 @@ def build_model(spec: ArchSpec, ckpt: Path, seed: int):
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):  # RMSNorm weights: random around 1 so they are exercised
                 p.copy_(1.0 + 0.25 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's selection bias, zeros at init
+                b.copy_(0.05 * (2 * torch.rand_like(b) - 1))
         # Halve the embeddings (std 0.05) relative to the blocks (std 0.1): when the token's own
         # embedding dominates the residual stream, a tied LM head makes greedy decoding repeat the
         # input token forever, which would test the KV cache poorly.
@@ -511,10 +549,66 @@ def load_checkpoint_with_gguf_weights(ckpt: Path, path: Path):
     return model
 
 
+def deepseek_state_dict(path: Path, config) -> dict:
+    """A deepseek2 GGUF's weights (gguf-py dequantization) under the names and layouts of
+    transformers' DeepseekV2/V3 models: the converter's steps undone (kv_b_proj rebuilt from
+    attn_k_b, stored transposed, and attn_v_b; stacked experts as fused gate_up_proj / down_proj)."""
+    import gguf
+    import torch
+
+    reader = gguf.GGUFReader(path)
+    t = {x.name: np.asarray(gguf.dequantize(x.data, x.tensor_type), np.float32).reshape([int(d) for d in reversed(x.shape)])
+         for x in reader.tensors}
+    used = set()
+
+    def take(name):
+        used.add(name)
+        return t[name]
+
+    sd = {"model.embed_tokens.weight": take("token_embd.weight"), "model.norm.weight": take("output_norm.weight")}
+    if "output.weight" in t:
+        sd["lm_head.weight"] = take("output.weight")
+    names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+             "attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm",
+             "attn_q_b": "self_attn.q_b_proj", "attn_q": "self_attn.q_proj",
+             "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa", "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+             "ffn_down": "mlp.down_proj", "ffn_gate_inp": "mlp.gate", "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+             "ffn_up_shexp": "mlp.shared_experts.up_proj", "ffn_down_shexp": "mlp.shared_experts.down_proj"}
+    for i in range(config.num_hidden_layers):
+        b, p = f"blk.{i}.", f"model.layers.{i}."
+        for g, h in names.items():
+            if b + g + ".weight" in t:
+                sd[p + h + ".weight"] = take(b + g + ".weight")
+        k_b, v_b = take(b + "attn_k_b.weight"), take(b + "attn_v_b.weight")  # (H, kv_lora, nope), (H, v, kv_lora)
+        sd[p + "self_attn.kv_b_proj.weight"] = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(-1, k_b.shape[1])
+        if b + "ffn_gate_exps.weight" in t:
+            sd[p + "mlp.experts.gate_up_proj"] = np.concatenate([take(b + "ffn_gate_exps.weight"), take(b + "ffn_up_exps.weight")], axis=1)
+            sd[p + "mlp.experts.down_proj"] = take(b + "ffn_down_exps.weight")
+        if b + "exp_probs_b.bias" in t:
+            sd[p + "mlp.gate.e_score_correction_bias"] = take(b + "exp_probs_b.bias")
+    assert used == set(t), f"{path.name}: tensors not mapped back: {sorted(set(t) - used)}"
+    return {k: torch.from_numpy(np.array(v)) for k, v in sd.items()}
+
+
+def load_checkpoint_with_deepseek_weights(ckpt: Path, path: Path):
+    """The HF checkpoint (its own config) with every weight replaced by the deepseek2 GGUF's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager").eval()
+    missing, unexpected = model.load_state_dict(deepseek_state_dict(path, model.config), strict=False)
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    assert not unexpected and set(missing) == tied, (path.name, missing, unexpected)
+    return model
+
+
 def load_reference(spec: ArchSpec, path: Path, ckpt: Path):
     """The model whose outputs are the goldens for one GGUF file (see ArchSpec.reference)."""
     if spec.reference == "gguf":
         return load_gguf_model(path)
+    if spec.reference == "deepseek":
+        return load_checkpoint_with_deepseek_weights(ckpt, path)
     assert spec.reference == "checkpoint", spec.reference
     return load_checkpoint_with_gguf_weights(ckpt, path)
 
@@ -775,10 +869,24 @@ Variant `qwen3moe` (GGUF architecture `qwen3moe`, tokenizer as `qwen3`): Qwen3-M
 2 heads / 1 KV head of head_dim 32 with q/k norms, 2 layers, every FFN a router over 8 experts of
 width 32 with 2 chosen per token, `norm_topk_prob=True` (llama.cpp always renormalises the chosen
 weights; the converter writes no key for it), separate `output.weight`. The converter stacks the
-experts into `ffn_{{gate,up,down}}_exps` (3-D). Files: F32, F16, BF16, Q8_0 (converter) and Q4_0
+experts into `ffn_{{gate,up,down}}_exps` (3-D). Files: F32, F16, Q8_0 (converter) and Q4_0
 (every matrix and stacked expert quantized row by row, the router `ffn_gate_inp` left F32 as
 llama-quantize leaves it); the rows of 32 and 64 fit no 256-value K-quant block. Reference: the
 checkpoint with each file's weights (transformers' GGUF loader assumes an expert width of 768).
+
+Variants `deepseek3` and `deepseek2` (GGUF architecture `deepseek2`, tokenizer as `qwen3`):
+multi-head latent attention, hidden 64, 2 heads of qk_nope 32 + qk_rope 16 and v_head 32,
+kv_lora_rank 32, separate `output.weight`; the converter splits `kv_b_proj` into `attn_k_b`
+(transposed) and `attn_v_b`. `deepseek3` (DeepseekV3ForCausalLM): q_lora_rank 32, 3 layers (1
+dense, 2 MoE), 8 experts in 2 groups of which 1 is kept, 2 per token, sigmoid gating with a
+random selection bias (`exp_probs_b.bias`), renormalised, routed scaling 2.5, 1 shared expert;
+F32, Q8_0. `deepseek2` (DeepseekV2ForCausalLM, V2-Lite-style): no q_lora (one `attn_q`),
+2 layers (1 dense, 1 MoE), 4 experts, 2 per token, softmax, not renormalised, routed scaling 2.0,
+2 shared experts, YaRN factor 8 over an original context of 64 with mscale = mscale_all_dim =
+0.707, and a 100-token logits prompt (prompt_5); F32, Q8_0. transformers has no deepseek2 GGUF
+loader, so the reference is the checkpoint with each file's weights mapped back by the tool
+(gguf-py dequantization; `kv_b_proj` rebuilt from `attn_k_b` and `attn_v_b`, experts restacked);
+for F32 that reproduces the checkpoint exactly.
 
 Versions: torch {torch.__version__}, transformers {transformers.__version__}, tokenizers
 {tokenizers.__version__}, gguf (gguf-py) {gguf_version}, numpy {np.__version__}; llama.cpp {LLAMA_CPP_COMMIT}

@@ -17,7 +17,7 @@ from .arch.weights import load_weights, plan_weights
 from .backends import BackendStart, started
 from .errors import ContextExceeded, ReflexError
 from .gguf import GGUFFile
-from .ops import Batch, CacheShape
+from .ops import Batch
 from .timing import Timings
 from .tokenizer import Tokenizer
 
@@ -89,7 +89,7 @@ class ModelFile:
         c, arch = self.config, self.arch
         with self.timings.phase("model_load"):
             plan = plan_weights(self.gguf, c, arch.TENSORS, arch.LAYER_TENSORS)
-            shape = CacheShape(c.n_layers, n_ctx, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.v_head_dim)
+            shape = c.cache_shape(n_ctx)
             from . import lora
 
             tensors = [(t.ggml_type, t.shape) for t in plan.values() if t is not None] + lora.device_tensors(self.adapters)

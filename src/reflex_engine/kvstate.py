@@ -76,8 +76,9 @@ def model_fingerprint(gguf, extra: Iterable[str] = ()) -> str:
 
 def cache_layout(config, n_tokens: int) -> list[tuple[str, tuple[int, ...]]]:
     """The named arrays of an attention KV cache holding n_tokens slots (see ops.StateArray)."""
-    k, v = config.n_kv_heads * config.head_dim, config.n_kv_heads * config.v_head_dim
-    return [(f"blk.{i}.{kind}", (n_tokens, width)) for i in range(config.n_layers) for kind, width in (("k", k), ("v", v))]
+    shape = config.cache_shape(n_tokens)
+    kinds = (("kv", shape.k_width),) if shape.latent else (("k", shape.k_width), ("v", shape.v_width))
+    return [(f"blk.{i}.{kind}", (n_tokens, width)) for i in range(config.n_layers) for kind, width in kinds]
 
 
 def baked_state_path(gguf_path: str) -> str:

@@ -27,6 +27,14 @@ class Rope(NamedTuple):
     n_rot: int  # leading dims of each head that rotate
     base: float
     freq_scale: float = 1.0  # linear scaling: positions are multiplied by it
+    # YaRN (ggml's rope_yarn): with ext_factor 1, pair i's angle blends the interpolated
+    # (freq_scale) and the original one by a ramp between the pairs whose wavelengths fit
+    # beta_fast and beta_slow times into n_ctx_orig; 0 is plain linear scaling.
+    ext_factor: float = 0.0
+    n_ctx_orig: int = 0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    magnitude: float = 1.0  # cos and sin are multiplied by it (YaRN's attention factor)
 
 
 class Gating(Enum):
@@ -78,17 +86,20 @@ class Batch(NamedTuple):
 
 
 class CacheShape(NamedTuple):
-    """Per layer, K (capacity, k_width) and V (capacity, v_width)."""
+    """Per layer, K (capacity, k_width) and V (capacity, v_width). A latent cache (MLA) holds one
+    row per token, (capacity, k_width), whose first v_width features are also the values."""
 
     n_layers: int
     capacity: int
     k_width: int
     v_width: int
+    latent: bool = False
 
 
 class StateArray(NamedTuple):
     """A named array of a cache's contents, as KV state files (kvstate.py) hold them. An attention
-    cache of n tokens is `blk.{i}.k` (n, k_width) and `blk.{i}.v` (n, v_width) per layer."""
+    cache of n tokens is `blk.{i}.k` (n, k_width) and `blk.{i}.v` (n, v_width) per layer; a
+    latent one `blk.{i}.kv` (n, k_width)."""
 
     name: str
     dtype: str  # "f32" or "f16"
@@ -151,6 +162,23 @@ class Ops(Protocol):
         """x (T, E) -> (T, E): sum over j of weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t),
         e = experts[t, j]; gate and up are stored (n_expert, F, E), down (n_expert, E, F) (ggml
         shapes {E, F, n_expert} and {F, E, n_expert}). Only the chosen experts are read."""
+
+    def split(self, x: Tensor, n_heads: int, widths: Sequence[int]) -> tuple[Tensor, ...]:
+        """x (T, n_heads * sum(widths)), each head's features cut in that order -> one
+        (T, n_heads * w) per width w."""
+
+    def concat(self, parts: Sequence[Tensor], n_heads: int) -> Tensor:
+        """The inverse of split: per head, the parts' features one after the other."""
+
+    def head_matmul(self, x: Tensor, weight: Weight) -> Tensor:
+        """x (T, H*in) times a per-head stored (H, out, in) weight, head h by its own matrix
+        -> (T, H*out)."""
+
+    def latent_attention(self, q: Tensor, kv: Tensor, *, cache: Any, layer: int, batch: Batch,
+                         n_heads: int, v_width: int, scale: float) -> Tensor:
+        """MLA's absorbed attention, multi-query over one latent row per token: write kv
+        (T, k_width) to the latent cache at batch.start; keys are the cached rows, values their
+        first v_width features. q (T, H*k_width) -> (T, H*v_width)."""
 
     def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:
         """x[rows]: only the positions whose logits are wanted reach the LM head."""

@@ -74,10 +74,10 @@ MOE_TENSORS = [
 ]
 
 
-def moe_ffn(ops, lw, cfg: ArchConfig, x):
+def moe_ffn(ops, lw, cfg: ArchConfig, x, bias=None):
     """Sparse SwiGLU experts: each token is routed on W_g x to cfg.routing.n_used experts, whose
-    outputs are mixed by the routing weights."""
-    routes = ops.route(linear(ops, x, lw.ffn_gate_inp), cfg.routing)  # (T, k) ids and weights
+    outputs are mixed by the routing weights (bias: for the choice only, see Ops.route)."""
+    routes = ops.route(linear(ops, x, lw.ffn_gate_inp), cfg.routing, bias)  # (T, k) ids and weights
     return ops.moe_ffn(x, routes, gate=lw.ffn_gate_exps, up=lw.ffn_up_exps, down=lw.ffn_down_exps)
 
 
@@ -85,7 +85,8 @@ def feed_forward(ops, lw, cfg: ArchConfig, layer: int, x):
     return moe_ffn(ops, lw, cfg, x) if cfg.is_moe(layer) else swiglu_ffn(ops, lw, x)
 
 
-def decoder_forward(ops, w, cfg: ArchConfig, cache, batch: Batch, out_rows: Sequence[int]):
+def decoder_forward(ops, w, cfg: ArchConfig, cache, batch: Batch, out_rows: Sequence[int], *,
+                    attention=attention, feed_forward=feed_forward):
     """Logits (len(out_rows), V) for the batch positions in out_rows."""
     x = ops.embed(w.token_embd, batch.tokens)  # (T, E)
     for i, lw in enumerate(w.blk):

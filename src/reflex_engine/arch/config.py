@@ -1,11 +1,13 @@
 """Hyperparameters read once from GGUF metadata, by meaning; arch code reads only these."""
 from __future__ import annotations
 
+import math
+
 from typing import Any, Mapping, NamedTuple
 
 from ..errors import ReflexError
 from ..gguf import LazyArray
-from ..ops import Gating, Rope, RopeMode, Routing
+from ..ops import CacheShape, Gating, Rope, RopeMode, Routing
 
 
 class ArchConfig(NamedTuple):
@@ -27,13 +29,33 @@ class ArchConfig(NamedTuple):
     n_ff_exp: int = 0  # one expert's FFN width
     routing: Routing | None = None
     n_dense_layers: int = 0  # leading layers with a dense FFN before the MoE ones
+    n_shared_experts: int = 0  # always-on experts beside the routed ones (one SwiGLU of n_ff_exp * n)
+    # multi-head latent attention (deepseek2): head_dim is kv_lora_rank + rope dims, v_head_dim
+    # kv_lora_rank, one KV head: the absorbed view, whose cache is the latent
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0  # 0: q is one projection (V2-Lite)
+    qk_nope_dim: int = 0  # per query head, the dims without RoPE
+    v_head_mla: int = 0  # per head, the value width after W_vb
+    scale: float = 0.0  # the attention scale where it is not 1/sqrt(head_dim)
 
     def is_moe(self, layer: int) -> bool:
         return self.n_expert > 0 and layer >= self.n_dense_layers
 
+    def cache_shape(self, capacity: int) -> CacheShape:
+        k, v = self.n_kv_heads * self.head_dim, self.n_kv_heads * self.v_head_dim
+        return CacheShape(self.n_layers, capacity, k, v, latent=self.kv_lora_rank > 0)
+
     @property
     def attn_scale(self) -> float:
-        return self.head_dim**-0.5
+        return self.scale or self.head_dim**-0.5
+
+    @property
+    def qk_head_dim(self) -> int:  # MLA's query/key head before absorption
+        return self.qk_nope_dim + self.rope.n_rot
+
+    @property
+    def n_ff_shexp(self) -> int:
+        return self.n_ff_exp * self.n_shared_experts
 
     @property
     def rope_pairs(self) -> int:
@@ -69,7 +91,7 @@ class Meta:
         return kind(value)
 
 
-def read_config(metadata: Mapping[str, Any], arch: str, rope_mode: RopeMode, qk_norm: bool) -> ArchConfig:
+def read_config(metadata: Mapping[str, Any], arch: str, rope_mode: RopeMode, qk_norm: bool, yarn: bool = False) -> ArchConfig:
     meta = Meta(metadata, arch)
     n_embd = meta.get("embedding_length")
     n_heads = meta.get("attention.head_count")
@@ -78,11 +100,19 @@ def read_config(metadata: Mapping[str, Any], arch: str, rope_mode: RopeMode, qk_
     if n_heads % n_kv_heads:
         raise ReflexError(f"{arch}: head_count {n_heads} is not a multiple of head_count_kv {n_kv_heads}")
     scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
-    freq_scale = 1.0
-    if scaling == "linear":
-        freq_scale = 1.0 / meta.get("rope.scaling.factor", kind=float)
+    freq_scale, yarn_fields = 1.0, {}
+    if scaling == "linear" or (scaling == "yarn" and yarn):
+        factor = meta.get("rope.scaling.factor", kind=float)
+        if not factor > 0:
+            raise ReflexError(f"{arch}: rope.scaling.factor must be positive, found {factor!r}")
+        freq_scale = 1.0 / factor
     elif scaling not in ("none", None):
         raise ReflexError(f"{arch}: rope scaling {scaling!r} is not supported yet")
+    if scaling == "yarn":  # cos/sin magnitude as llama.cpp's default: 1 + 0.1 ln(factor), times attn_factor
+        magnitude = (1 + 0.1 * math.log(factor) if factor > 1 else 1.0) * meta.get("rope.scaling.attn_factor", 1.0, kind=float)
+        yarn_fields = dict(ext_factor=1.0, n_ctx_orig=meta.get("rope.scaling.original_context_length"), magnitude=magnitude,
+                           beta_fast=meta.get("rope.scaling.yarn_beta_fast", 32.0, kind=float),
+                           beta_slow=meta.get("rope.scaling.yarn_beta_slow", 1.0, kind=float))
     n_rot = meta.get("rope.dimension_count", head_dim)
     if n_rot > head_dim or n_rot % 2:
         raise ReflexError(f"{arch}: rope.dimension_count {n_rot} must be even and at most the head width {head_dim}")
@@ -98,7 +128,7 @@ def read_config(metadata: Mapping[str, Any], arch: str, rope_mode: RopeMode, qk_
         v_head_dim=meta.get("attention.value_length", head_dim),
         n_ctx_train=meta.get("context_length"),
         rms_eps=meta.get("attention.layer_norm_rms_epsilon", kind=float),
-        rope=Rope(rope_mode, n_rot, meta.get("rope.freq_base", 10000.0, kind=float), freq_scale),
+        rope=Rope(rope_mode, n_rot, meta.get("rope.freq_base", 10000.0, kind=float), freq_scale, **yarn_fields),
         n_vocab=meta.get("vocab_size", len(tokens) if tokens is not None else None),
         qk_norm=qk_norm,
     )

@@ -7,7 +7,7 @@ by the same names: `w.token_embd`, `w.blk[i].attn_q`, so a KeyError names the fi
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from ..errors import ReflexError
 from ..gguf import GGUFFile, TensorInfo
@@ -18,6 +18,8 @@ class TensorDecl(NamedTuple):
     name: str  # without the ".weight" suffix; "blk.{i}." is implied for layer tensors
     shape: tuple[str, ...]
     optional: bool = False
+    suffix: str = "weight"  # DeepSeek-V3's `exp_probs_b.bias`
+    when: Callable[[ArchConfig, int], bool] | None = None  # the layers (cfg, i) that have it; None: all
 
 
 def _extent(expr: str, cfg: ArchConfig) -> int:
@@ -36,11 +38,11 @@ def plan_weights(f: GGUFFile, cfg: ArchConfig, model: list[TensorDecl], layer: l
     checked against its declaration before anything is loaded."""
 
     def find(name: str, decl: TensorDecl) -> TensorInfo | None:
-        info = f.tensors.get(f"{name}.weight")
+        info = f.tensors.get(f"{name}.{decl.suffix}")
         if info is None:
             if decl.optional:
                 return None
-            raise ReflexError(f"{f.path}: model file lacks tensor {name + '.weight'!r} ({cfg.arch})")
+            raise ReflexError(f"{f.path}: model file lacks tensor {name + '.' + decl.suffix!r} ({cfg.arch})")
         expected = tuple(_extent(e, cfg) for e in decl.shape)
         if info.shape != expected:
             raise ReflexError(f"{f.path}: tensor {info.name!r} has shape {list(info.shape)}, {cfg.arch} expects {list(expected)}")
@@ -48,7 +50,8 @@ def plan_weights(f: GGUFFile, cfg: ArchConfig, model: list[TensorDecl], layer: l
 
     plan = {d.name: find(d.name, d) for d in model}
     for i in range(cfg.n_layers):
-        plan.update({f"blk.{i}.{d.name}": find(f"blk.{i}.{d.name}", d) for d in layer})
+        plan.update({f"blk.{i}.{d.name}": find(f"blk.{i}.{d.name}", d) if d.when is None or d.when(cfg, i) else None
+                     for d in layer})
     return plan
 
 

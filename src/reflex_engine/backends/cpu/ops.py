@@ -1,6 +1,7 @@
 """Ops on numpy float32 arrays. Weights are dequantized once, at load, by the quants module."""
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -11,9 +12,22 @@ from .sampler import LastRowSampler, log_softmax
 
 
 class KVCache(NamedTuple):
-    k: list[np.ndarray]  # per layer (capacity, Hkv*dk)
-    v: list[np.ndarray]  # per layer (capacity, Hkv*dv)
+    k: list[np.ndarray]  # per layer (capacity, Hkv*dk); latent: (capacity, k_width)
+    v: list[np.ndarray]  # per layer (capacity, Hkv*dv); latent: none, the values are k[:, :v_width]
     segments: np.ndarray  # (capacity,) segment of each written slot
+    latent: bool = False
+
+
+def _yarn_ramp(rope: Rope) -> np.ndarray:
+    """ggml's rope_yarn_corr_dims and rope_yarn_ramp: per pair, 1 for the high frequencies
+    (kept), 0 for the low ones (interpolated), linear between."""
+    def corr_dim(beta: float) -> float:
+        return rope.n_rot * math.log(rope.n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(rope.base))
+
+    low = max(0.0, math.floor(corr_dim(rope.beta_fast)))
+    high = min(rope.n_rot - 1.0, math.ceil(corr_dim(rope.beta_slow)))
+    y = (np.arange(rope.n_rot // 2, dtype=np.float64) - low) / max(0.001, high - low)
+    return 1 - np.clip(y, 0, 1)
 
 
 def _top(scores: np.ndarray, k: int) -> np.ndarray:
@@ -42,8 +56,9 @@ class CpuOps:
         # np.zeros maps untouched pages lazily: a long context costs memory only where written
         return KVCache(
             k=[np.zeros((shape.capacity, shape.k_width), np.float32) for _ in range(shape.n_layers)],
-            v=[np.zeros((shape.capacity, shape.v_width), np.float32) for _ in range(shape.n_layers)],
+            v=[] if shape.latent else [np.zeros((shape.capacity, shape.v_width), np.float32) for _ in range(shape.n_layers)],
             segments=np.zeros(shape.capacity, np.int32),
+            latent=shape.latent,
         )
 
     def embed(self, table: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
@@ -72,8 +87,12 @@ class CpuOps:
         if freq_factors is not None:
             inv_freq = inv_freq / freq_factors
         angle = np.asarray(positions, dtype=np.float64)[:, None] * rope.freq_scale * inv_freq  # (T, n_rot/2)
-        cos = np.cos(angle).astype(np.float32)[:, None, :]
-        sin = np.sin(angle).astype(np.float32)[:, None, :]
+        if rope.ext_factor:
+            extrap = angle / rope.freq_scale
+            mix = _yarn_ramp(rope)[None, :] * rope.ext_factor  # (1, n_rot/2): 1 keeps the original angle
+            angle = angle * (1 - mix) + extrap * mix
+        cos = (np.cos(angle) * rope.magnitude).astype(np.float32)[:, None, :]
+        sin = (np.sin(angle) * rope.magnitude).astype(np.float32)[:, None, :]
         if rope.mode is RopeMode.NORM:
             a, b = heads[..., 0 : rope.n_rot : 2], heads[..., 1 : rope.n_rot : 2]
             heads[..., 0 : rope.n_rot : 2], heads[..., 1 : rope.n_rot : 2] = a * cos - b * sin, a * sin + b * cos
@@ -100,6 +119,33 @@ class CpuOps:
         probs /= probs.sum(axis=-1, keepdims=True)
         out = probs @ values[:, None]  # (Hkv, g, T, dv)
         return out.transpose(2, 0, 1, 3).reshape(t, n_heads * dv)
+
+    def split(self, x: np.ndarray, n_heads: int, widths) -> tuple[np.ndarray, ...]:
+        heads = x.reshape(x.shape[0], n_heads, -1)
+        ends = np.cumsum(widths)
+        return tuple(np.ascontiguousarray(heads[..., e - w : e]).reshape(x.shape[0], n_heads * w) for w, e in zip(widths, ends))
+
+    def concat(self, parts, n_heads: int) -> np.ndarray:
+        t = parts[0].shape[0]
+        return np.concatenate([p.reshape(t, n_heads, -1) for p in parts], axis=-1).reshape(t, -1)
+
+    def head_matmul(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        h, out, inner = weight.shape
+        heads = x.reshape(x.shape[0], h, inner).transpose(1, 0, 2)  # (H, T, in)
+        return (heads @ weight.transpose(0, 2, 1)).transpose(1, 0, 2).reshape(x.shape[0], h * out)
+
+    def latent_attention(self, q, kv, *, cache: KVCache, layer: int, batch: Batch, n_heads: int, v_width: int, scale: float):
+        t, start = q.shape[0], batch.start
+        end = start + t
+        cache.k[layer][start:end] = kv
+        cache.segments[start:end] = batch.segments
+        rows = cache.k[layer][:end]  # (S, k_width): every head's keys; values are their first v_width
+        scores = (q.reshape(t, n_heads, -1).transpose(1, 0, 2) @ rows.T) * np.float32(scale)  # (H, T, S)
+        scores += self._mask(cache.segments[:end], np.asarray(batch.segments), start)
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        return (probs @ rows[:, :v_width]).transpose(1, 0, 2).reshape(t, n_heads * v_width)
 
     @staticmethod
     def _mask(slot_segments: np.ndarray, query_segments: np.ndarray, start: int) -> np.ndarray:
@@ -165,13 +211,17 @@ class CpuOps:
     # -- KV state files (kvstate.py) -------------------------------------------------------------
 
     def export_cache(self, cache: KVCache, n_tokens: int):
+        if cache.latent:
+            for i, kv in enumerate(cache.k):
+                yield StateArray(f"blk.{i}.kv", "f32", (n_tokens, kv.shape[1]), kv[:n_tokens])
+            return
         for i, (k, v) in enumerate(zip(cache.k, cache.v)):
             yield StateArray(f"blk.{i}.k", "f32", (n_tokens, k.shape[1]), k[:n_tokens])
             yield StateArray(f"blk.{i}.v", "f32", (n_tokens, v.shape[1]), v[:n_tokens])
 
     def import_cache(self, cache: KVCache, arrays, n_tokens: int) -> None:
-        for i, (k, v) in enumerate(zip(cache.k, cache.v)):
-            for kind, dest in (("k", k), ("v", v)):
+        for i in range(len(cache.k)):
+            for kind, dest in ((("kv", cache.k[i]),) if cache.latent else (("k", cache.k[i]), ("v", cache.v[i]))):
                 a = arrays[f"blk.{i}.{kind}"]
                 dest[:n_tokens] = np.frombuffer(a.data, "<f4" if a.dtype == "f32" else "<f2").reshape(a.shape)
         cache.segments[:n_tokens] = 0
