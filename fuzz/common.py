@@ -26,7 +26,7 @@ for _folder in ("tests", "tools"):  # the fixtures: model_files, make_fixtures, 
 TIMEOUT_S = 10  # libFuzzer's per-input limit: an input slower than this is reported as a hang
 RSS_LIMIT_MB = 3072  # libFuzzer's whole-process limit
 MEMORY_HEADROOM = 2 << 30  # address space one input may add (without ASan, which reserves terabytes)
-INSTRUMENTED = ("reflex_engine", "jinja2")
+INSTRUMENTED = ("reflex_engine", "reflex_openai", "jinja2")
 
 
 def fuzzing() -> bool:
