@@ -23,11 +23,11 @@ def device_in(argv: list[str]) -> str | None:
 
 
 def run() -> None:
-    backend = None
-    if device_in(sys.argv[1:]) in ("cuda", "auto"):
+    backend, device = None, device_in(sys.argv[1:])
+    if device in ("cuda", "auto"):
         from .backends import BackendStart
 
-        backend = BackendStart(device_in(sys.argv[1:]))
+        backend = BackendStart(device)
     from .cli import main
 
     sys.exit(main(backend=backend))
