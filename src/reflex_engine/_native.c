@@ -2,7 +2,9 @@
  * ~75-700 ns an element: walking a GGUF string array (150k tokens + 150k merges) and packing
  * one into the tokenizer's string table. pip builds this file with the package; native.py
  * loads it with ctypes, and every caller keeps a Python path for installs without it. */
+#define _POSIX_C_SOURCE 200809L /* sigaction, pread under a strict -std */
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,4 +130,33 @@ int reflex_pack_strings(const uint8_t *region, uint64_t region_len, uint64_t cou
     status[2] = first_empty;
     status[3] = first_bad_pair;
     return 0;
+}
+
+/* A mapped file that shrinks under the process (truncated, or rewritten in place) turns the
+ * next read of a vanished page into SIGBUS, which Python cannot catch: its handler returns and
+ * the read faults again. This handler writes `message` (one line) to stderr and exits with
+ * `code`, async-signal-safe. Returns sigaction's result. */
+static char bus_message[512];
+static size_t bus_length;
+static int bus_code;
+
+static void on_bus(int sig) {
+    (void)sig;
+    ssize_t n = write(2, bus_message, bus_length);
+    (void)n;
+    _exit(bus_code);
+}
+
+int reflex_exit_on_sigbus(const char *message, int code) {
+    size_t n = strlen(message);
+    if (n >= sizeof bus_message)
+        n = sizeof bus_message - 1;
+    memcpy(bus_message, message, n);
+    bus_length = n;
+    bus_code = code;
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = on_bus;
+    sigemptyset(&action.sa_mask);
+    return sigaction(SIGBUS, &action, NULL);
 }

@@ -410,6 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, backend=None) -> int:
     """backend: a BackendStart that launch.run began from argv before this module was imported."""
     args = build_parser().parse_args(argv)
+    from .native import exit_on_sigbus
+
+    exit_on_sigbus()  # a model file truncated under us: one line and exit 2, not a core dump
     try:
         if hasattr(args, "device") and args.run is not cmd_prepare:  # the driver's init overlaps all that follows
             from .backends import BackendStart

@@ -40,6 +40,7 @@ class ModelFile:
             self.config = self.arch.config(meta)
         with self.timings.phase("tokenizer"):
             self.tokenizer = Tokenizer.from_gguf(self.gguf)
+            self.gguf.check_unchanged()
         if self.tokenizer.n_vocab != self.config.n_vocab:
             raise ReflexError(f"{path}: tokenizer has {self.tokenizer.n_vocab} tokens, the model {self.config.n_vocab}")
 
@@ -102,6 +103,7 @@ class ModelFile:
                 ms = (time.perf_counter() - upload_start) * 1e3
                 self.timings.phases.update(upload_ms=ms, upload_gb_per_s=uploaded / 1e6 / max(ms, 1e-3))
             cache = ops.new_kv_cache(shape)
+            self.gguf.check_unchanged()  # the weights just read are this file's, not a rewrite's
         return Model(self, ops, weights, cache, n_ctx)
 
 

@@ -35,3 +35,19 @@ def bind(lib: ctypes.CDLL) -> tuple:
 
 _lib = _load()
 skip_strings, pack_strings = bind(_lib) if _lib is not None else (None, None)
+
+# A mapped file that shrinks under the process (truncated or rewritten in place while a model
+# loads) makes the next read of it SIGBUS, which Python cannot turn into an exception.
+SIGBUS_MESSAGE = ("reflex: error: a file this process maps (the model or a KV state file) shrank while in use: "
+                  "it was truncated or rewritten in place; replace a file by renaming a new one over it\n")
+SIGBUS_EXIT = 2  # a GGUFError's
+
+
+def exit_on_sigbus() -> bool:
+    """Make SIGBUS print SIGBUS_MESSAGE and exit with SIGBUS_EXIT instead of dumping core. For the
+    CLI's process only (a library does not take a process's signals); False without the build."""
+    handler = getattr(_lib, "reflex_exit_on_sigbus", None) if _lib is not None else None
+    if handler is None:
+        return False
+    handler.argtypes, handler.restype = (ctypes.c_char_p, ctypes.c_int), ctypes.c_int
+    return handler(SIGBUS_MESSAGE.encode(), SIGBUS_EXIT) == 0

@@ -138,7 +138,9 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: cannot open: {e.strerror or e}") from None
         with file:
             self._fd = file.fileno()  # the compiled string walk reads through it while parsing
-            self.size = os.fstat(self._fd).st_size
+            st = os.fstat(self._fd)
+            self.size = st.st_size
+            self._identity = st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns  # for check_unchanged
             if self.size == 0:
                 raise GGUFError(f"{self.path}: magic at byte 0: the file is empty, not a GGUF file")
             try:
@@ -162,6 +164,18 @@ class GGUFFile:
         """Zero-copy view of a tensor's raw bytes (quantized blocks as stored)."""
         info = self.tensors[name]
         return memoryview(self._buf)[info.offset : info.offset + info.nbytes]
+
+    def check_unchanged(self) -> None:
+        """Refuse a file rewritten in place since it was mapped: its bytes may now be another
+        file's under this one's tensor directory. (One renamed over the path is no change: the
+        mapping keeps the file it opened. One that shrank faults on the next read: SIGBUS.)"""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return  # removed or renamed away: the mapping keeps the file it opened
+        if (st.st_dev, st.st_ino) == self._identity[:2] and (st.st_size, st.st_mtime_ns) != self._identity[2:]:
+            raise GGUFError(f"{self.path}: changed on disk while in use ({self.size} bytes when opened, {st.st_size} now): "
+                            "it was rewritten in place; replace a model by renaming a new file over it")
 
     def close(self) -> None:
         buf, self._buf = getattr(self, "_buf", None), None
