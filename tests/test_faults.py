@@ -98,6 +98,36 @@ def test_a_model_replaced_by_rename_while_loading_loads_the_file_it_opened(model
     assert greedy(file) == expected
 
 
+@pytest.mark.skipif(native.skip_strings is None, reason="no compiled _native in this install")
+@pytest.mark.parametrize("change", ["truncate", "rename over"])
+def test_a_kv_state_file_changed_while_it_is_imported(model, tmp_path, change):
+    """--import-kv maps the file after checking its header: truncated once mapped is SIGBUS's one
+    line; replaced between the header and the mapping, it is refused (the header was another file's)."""
+    state = str(tmp_path / "state.kv")
+    assert cli.main(["generate", model, "hi", "--device", "cpu", "-n", "2", "--export-kv", state]) == 0
+    shutil.copy(state, tmp_path / "other.kv")
+    if change == "truncate":
+        hook = "with real(state, n) as arrays:\n        os.truncate(state.path, 64)\n        yield arrays"
+    else:
+        hook = f"os.replace({str(tmp_path / 'other.kv')!r}, state.path)\n    with real(state, n) as arrays:\n        yield arrays"
+    script = textwrap.dedent("""
+        import contextlib, os, sys
+        from reflex_engine import cli, kvstate
+        real = kvstate.mapped_arrays
+        @contextlib.contextmanager
+        def hooked(state, n):
+            HOOK
+        kvstate.mapped_arrays = hooked
+        sys.exit(cli.main(["generate", MODEL, "more", "--device", "cpu", "-n", "2", "--import-kv", STATE]))
+    """).replace("HOOK", hook).replace("MODEL", repr(model)).replace("STATE", repr(state))
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(SRC)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    if change == "truncate":
+        assert done.returncode == native.SIGBUS_EXIT and done.stderr.splitlines() == [native.SIGBUS_MESSAGE.strip()]
+    else:
+        assert done.returncode == 1 and done.stderr.splitlines() == [f"reflex: error: {state} changed while it was being read"]
+
+
 # -- device memory runs out part way through a load ---------------------------------------------------
 
 
