@@ -177,7 +177,9 @@ def read_header(path: str, *, fingerprint: str, architecture: str, config) -> St
     except (KeyError, TypeError):
         raise ReflexError(f"{path} is damaged: its header is not a KV state header") from None
     if written_by != (fingerprint, architecture):
-        raise ReflexError(f"{path} was written for another model ({written_by[1]}, fingerprint {str(written_by[0])[:12]}), "
+        # escaped: the header's strings may hold a newline, and an error is one line
+        shown = [str(v).encode("unicode_escape").decode("ascii") for v in written_by]
+        raise ReflexError(f"{path} was written for another model ({shown[1]}, fingerprint {shown[0][:12]}), "
                           f"not this {architecture} model ({fingerprint[:12]})")
     _check_arrays(state, config, data_end)
     if not state.tokens:
