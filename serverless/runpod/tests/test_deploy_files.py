@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from runpod_harness import REPO
+from runpod_harness import FIXTURE, REPO
 
 HADOLINT = shutil.which("hadolint") or shutil.which("hadolint", path=os.path.dirname(sys.executable))
 MANIFESTS = sorted(glob.glob(os.path.join(REPO, "deploy", "kubernetes", "*.yaml")))
@@ -90,3 +90,19 @@ def _container(image: str) -> str:
 
 def _answer(stdout: str) -> str:
     return "".join(line for line in stdout.splitlines() if not line.startswith("REFLEX_"))
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=os.path.basename)
+def test_manifest_command_runs(path):
+    """The Job's command, as the kubelet expands it ($(VAR) from env), on the fixture model and the
+    CPU: the engine must accept it and answer."""
+    with open(path) as f:
+        (container,) = yaml.safe_load(f)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    argv = [env.get(a[2:-1], a) if a.startswith("$(") else a for a in container["command"]]
+    assert argv[:3] == ["reflex", "generate", "/models/model.gguf"]
+    argv = [FIXTURE if a == "/models/model.gguf" else "cpu" if a == "cuda" else a for a in argv]
+    result = subprocess.run([sys.executable, "-m", "reflex_engine", *argv[1:]], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["device"] == "cpu"
