@@ -113,6 +113,20 @@ def test_the_ipc_harness_catches_an_internal_error(monkeypatch):
         h.one_input(b'{"op": "ping"}\n')
 
 
+def test_the_gguf_harness_takes_a_nan_in_a_float_array(tmp_path):
+    """A NaN is a legal float32 value: tools/fuzz.sh gguf stopped on one (NaN != NaN in the harness)."""
+    from gguf import GGUFWriter
+
+    path = tmp_path / "nan.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_array("tokenizer.ggml.scores", [float("nan"), -1.0, float("nan")])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    harness("gguf").one_input(path.read_bytes())
+
+
 def test_nan_logits_from_a_damaged_kv_state_are_a_clean_error(tmp_path):
     """Found by fuzz/fuzz_kvstate.py: NaN logits used to reach numpy's sampling as a ValueError."""
     import reflex_engine
