@@ -31,8 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     from .server import Sidecar
 
     sidecar = Sidecar(cfg, child)
+    # http="h11": the parser the sidecar is tested with; "auto" would take httptools wherever some other
+    # package installed it (the runpod SDK does, in the queue image), which answers disconnects differently
     server = uvicorn.Server(uvicorn.Config(sidecar, log_level=cfg.log_level, access_log=cfg.log_level in ("info", "debug"),
-                                           lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+                                           lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, http="h11"))
     sidecar.server = server
     for sock in sockets:
         host, port = sock.getsockname()[:2]
