@@ -7,7 +7,7 @@
 #   TARGET=runpod-queue serverless/image/build.sh
 #   MODEL=build/model.gguf serverless/image/build.sh   # a .gguf in the context (or org/repo:file.gguf)
 #
-# Environment: BASE, TARGET (runtime), TAG (localhost/reflex-TARGET), MODEL, SYSTEM_PROMPT,
+# Environment: BASE, TARGET (runtime), TAG (localhost/reflex-TARGET), MODEL, SYSTEM_PROMPT[_CHAT],
 # REFLEX_CUDA_ARCH (all targets unless set), EXTRA_CA (see debian-base.sh), HF_TOKEN_FILE.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,7 +24,7 @@ secret=()
 if [ -n "${HF_TOKEN_FILE:-}" ]; then secret=(--secret "id=hf_token,src=$HF_TOKEN_FILE"); fi
 start=$(date +%s)
 buildah "${STORAGE[@]}" bud --isolation chroot --layers --format docker --target "$TARGET" -t "$TAG" \
-    --build-arg "BASE=$BASE" --build-arg "MODEL=${MODEL:-}" --build-arg "SYSTEM_PROMPT=${SYSTEM_PROMPT:-}" \
+    --build-arg "BASE=$BASE" --build-arg "MODEL=${MODEL:-}" --build-arg "SYSTEM_PROMPT=${SYSTEM_PROMPT:-}" --build-arg "SYSTEM_PROMPT_CHAT=${SYSTEM_PROMPT_CHAT:-0}" \
     --build-arg "REFLEX_CUDA_ARCH=${REFLEX_CUDA_ARCH:-}" "${secret[@]}" -f "$repo/Dockerfile" "$repo"
 echo "built $TAG in $(( $(date +%s) - start )) s"
 buildah "${STORAGE[@]}" images --format '{{.Name}}:{{.Tag}} {{.Size}}' "$TAG"
