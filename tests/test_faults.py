@@ -134,24 +134,30 @@ def test_a_kv_state_file_changed_while_it_is_imported(model, tmp_path, change):
 @pytest.mark.parametrize("fail_at", [1, 3, 6])
 def test_cuda_out_of_memory_mid_load_is_one_line(fake, capsys, fail_at):  # noqa: F811
     """The memory plan passed (free memory looked enough), then the fail_at-th cuMemAlloc of the
-    load fails, as when another process took the memory meanwhile. The CLI and the stdio/uds
-    servers then exit, which frees the context; a Python caller that catches the error keeps
-    what was allocated until its process ends (CudaOps frees no region: docs/reliability.md)."""
+    load fails, as when another process took the memory meanwhile: one line, no allocation after
+    the failed one, and the ones before it given back (a Python caller that catches the error and
+    retries keeps nothing)."""
     lib = fake()
-    calls = []
+    calls, live = [], set()
 
     def alloc(ptr, nbytes):
         calls.append(nbytes)
         if len(calls) == fail_at:
             return 2  # CUDA_ERROR_OUT_OF_MEMORY
-        ptr._obj.value = 1 << 40
+        ptr._obj.value = (1 << 40) + len(calls) * (1 << 32)
+        live.add(ptr._obj.value)
         return 0
 
-    lib.cuMemAlloc_v2 = alloc
+    def free(ptr):
+        live.remove(ptr)
+        return 0
+
+    lib.cuMemAlloc_v2, lib.cuMemFree_v2 = alloc, free
     code = cli.main(["generate", QWEN3, "hi", "--device", "cuda", "-n", "1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and err == ["reflex: error: CUDA driver call cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY (2)"]
     assert len(calls) == fail_at  # no allocation after the failed one
+    assert not live
 
 
 # -- the disk fills while a file is written ---------------------------------------------------------

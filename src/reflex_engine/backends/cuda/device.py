@@ -122,6 +122,9 @@ class Device:
     def alloc(self, nbytes: int) -> int:
         return self.drv.alloc(nbytes)
 
+    def free(self, ptr: int) -> None:
+        self.drv.cuMemFree_v2(ptr)
+
     def free_memory(self) -> int:
         return self.drv.mem_info()[0]
 

@@ -118,18 +118,30 @@ class CudaOps:
         plan = Plan(sum(device_nbytes(t, s) for t, s in tensors) + len(tensors) * 256, kv_bytes, 2 * small + large, scratch)
         plan.check(self.device.free_memory(), self.device.info.name, cache.capacity)
         self.reserved_bytes = plan.total
-        dev = self.device
-        self._weights = Region(dev.alloc(plan.weights), plan.weights, "weights")
-        self._cache = Region(dev.alloc(plan.cache), plan.cache, "KV cache")
-        self._scratch = Region(dev.alloc(plan.scratch), plan.scratch, "scratch")
-        self._small = Pool(Region(dev.alloc(small), small, "small activation"), MATVEC_MAX_TOKENS)
-        self._graph_pool = Pool(Region(dev.alloc(small), small, "graph activation"), MATVEC_MAX_TOKENS)
-        self._large = Pool(Region(dev.alloc(large), large, "activation"), MAX_BATCH)
+        weights, kv, scratch_, small_, graph_, large_ = self._regions(
+            [(plan.weights, "weights"), (plan.cache, "KV cache"), (plan.scratch, "scratch"), (small, "small activation"),
+             (small, "graph activation"), (large, "activation")])
+        self._weights, self._cache, self._scratch = weights, kv, scratch_
+        self._small, self._graph_pool = Pool(small_, MATVEC_MAX_TOKENS), Pool(graph_, MATVEC_MAX_TOKENS)
+        self._large = Pool(large_, MAX_BATCH)
         s = self._scratch
         self._ints = {kind: s.carve(4 * n) for kind, n in ints.items()}  # STEP_INTS first: one contiguous span
         self._f64 = s.carve(8 * 2 * MAX_BATCH)
         self._top = s.carve(8 * TOP_K_MAX + 16)  # top_k's ids, values and (max, sum of exp)
         self._w16 = s.carve(self._w16_bytes) if self._w16_bytes else 0
+
+    def _regions(self, sizes: list[tuple[int, str]]) -> list[Region]:
+        """One device allocation each; if one fails (memory taken since the plan's check), the
+        ones before it are given back, so a caller that catches the error keeps nothing."""
+        regions: list[Region] = []
+        try:
+            for size, what in sizes:
+                regions.append(Region(self.device.alloc(size), size, what))
+        except BaseException:
+            for region in regions:
+                self.device.free(region.base)
+            raise
+        return regions
 
     def load_weight(self, name, ggml_type, shape, data) -> Weight:
         ggml_type, shape = GGMLType(ggml_type), tuple(shape)
