@@ -12,6 +12,7 @@ import time
 from functools import cached_property
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence, Union
 
+from . import kvstate, lora  # stdlib only; imported here, beside the driver's init, not after it
 from .arch import get_arch
 from .arch.weights import load_weights, plan_weights
 from .backends import BackendStart, started
@@ -69,10 +70,8 @@ class ModelFile:
     def add_lora(self, path: str, scale: float = 1.0) -> None:
         """Apply a LoRA adapter (llama.cpp's convert_lora_to_gguf.py format) at load, its update
         scaled by `scale`; checked against this model now (a one-line error for another base)."""
-        from .lora import Adapter
-
         plan = plan_weights(self.gguf, self.config, self.arch.TENSORS, self.arch.LAYER_TENSORS)
-        self.adapters = self.adapters + (Adapter(path, scale, self.gguf, self.config, plan),)
+        self.adapters = self.adapters + (lora.Adapter(path, scale, self.gguf, self.config, plan),)
 
     def load(self, device: str | BackendStart = "auto", n_ctx: int | None = None) -> Model:
         """The model on a backend: a device name, or a BackendStart begun before this file was
@@ -91,8 +90,6 @@ class ModelFile:
         with self.timings.phase("model_load"):
             plan = plan_weights(self.gguf, c, arch.TENSORS, arch.LAYER_TENSORS)
             shape = c.cache_shape(n_ctx)
-            from . import lora
-
             tensors = [(t.ggml_type, t.shape) for t in plan.values() if t is not None] + lora.device_tensors(self.adapters)
             ops.reserve(tensors, shape, c.activation_width + lora.extra_width(self.adapters))
             weights = load_weights(self.gguf, c, plan, arch.TENSORS, arch.LAYER_TENSORS, ops)
@@ -406,19 +403,14 @@ class Model:
     @cached_property
     def state_fingerprint(self) -> str:
         """What a KV state file must carry to be this model's."""
-        from .kvstate import model_fingerprint
-
-        return model_fingerprint(self.file.gguf, [a.identity(model_fingerprint) for a in self.file.adapters])
+        fingerprint = kvstate.model_fingerprint
+        return fingerprint(self.file.gguf, [a.identity(fingerprint) for a in self.file.adapters])
 
     def _read_state(self, path: str):
-        from .kvstate import read_header
-
-        return read_header(path, fingerprint=self.state_fingerprint, architecture=self.config.arch, config=self.config)
+        return kvstate.read_header(path, fingerprint=self.state_fingerprint, architecture=self.config.arch, config=self.config)
 
     def _start(self, prompt: Prompt, import_kv: str | None):
         """The request's whole context and the cache slots a state file gives it (none read yet)."""
-        from . import kvstate
-
         if import_kv is None:
             ids = self._prompt_ids(prompt)
             baked = kvstate.baked_state_path(self.file.gguf.path)
@@ -435,28 +427,22 @@ class Model:
         return kvstate.resume(state, ids, self.n_ctx)
 
     def _restore(self, start, timings: Timings) -> None:
-        from .kvstate import mapped_arrays
-
         if not start.cached:
             return
-        with timings.phase("kv_import"), mapped_arrays(start.state, start.cached) as arrays:
+        with timings.phase("kv_import"), kvstate.mapped_arrays(start.state, start.cached) as arrays:
             self.ops.import_cache(self.cache, arrays, start.cached)
 
     def _check_export(self, path: str | None) -> None:
-        from .kvstate import check_writable
-
         if path is not None:
-            check_writable(path)  # before the work, not after it
+            kvstate.check_writable(path)  # before the work, not after it
 
     def bake_prompt(self, prompt: Prompt, path: str | None = None) -> list[int]:
         """Evaluate `prompt` from slot 0 and write its state to path (default: beside the model,
         where every later request whose prompt starts with it takes it: `reflex prepare
         --system-prompt`). Returns the prompt's token ids."""
-        from .kvstate import baked_state_path
-
         ids = self._prompt_ids(prompt)
         self._check_fits(len(ids), "the prompt")
-        path = path or baked_state_path(self.file.gguf.path)
+        path = path or kvstate.baked_state_path(self.file.gguf.path)
         self._check_export(path)
         for _ in self._passes(Batch.causal(ids, 0), []):
             pass  # no logits wanted: the cache is the product
@@ -464,9 +450,7 @@ class Model:
         return ids
 
     def _write_state(self, path: str, tokens: list[int], pending: list[int], sampler: dict | None) -> None:
-        from .kvstate import write_state
-
-        write_state(path, fingerprint=self.state_fingerprint, architecture=self.config.arch, tokens=tokens,
+        kvstate.write_state(path, fingerprint=self.state_fingerprint, architecture=self.config.arch, tokens=tokens,
                     pending=pending, sampler=sampler, arrays=self.ops.export_cache(self.cache, len(tokens)))
 
     def _exporting(self, events: Iterator[TokenEvent], gen: Generation, timings: Timings, sampler,

@@ -1,7 +1,7 @@
 """Backends implementing the Ops protocol (reflex_engine.ops), and starting them early.
 
 A cold process spends ~150-250 ms in the CUDA driver (cuInit, the primary context, the kernel
-image) before it can use the GPU. `start_backend` begins that on a thread at once, so the caller
+image) before it can use the GPU. A BackendStart begins that on a thread at once, so the caller
 opens the GGUF, builds the tokenizer and encodes the prompt meanwhile (ctypes releases the GIL
 for every driver call); `BackendStart.ops()` then joins it.
 """

@@ -342,7 +342,6 @@ class CudaOps:
         dev.download(ctypes.addressof(total), lse, 8)
         return [(token, value - total.value) for token, value in zip(ids, values)]
 
-
     # -- KV state files (kvstate.py) -------------------------------------------------------------
 
     def export_cache(self, cache: KVCache, n_tokens: int):
