@@ -225,7 +225,7 @@ def engine_of(row_name: str) -> str:
 def critical_path(ph: dict) -> list[tuple[str, float]] | None:
     """Reflex's launch-to-first-token as consecutive segments, from its phases: the interpreter,
     its own code before the driver's init starts, the init (the host path runs beside it), the
-    model load once the driver is ready, the prompt's pass. The init's start is cuda_start_ms
+    model load once the driver is ready, the prompt's pass (the weights' copies run beside it). The init's start is cuda_start_ms
     where the result line has it, else what the other phases leave for it."""
     need = ("interpreter_ms", "cuda_init_ms", "model_load_ms", "prompt_eval_ms", "first_token_ms", "backend_init_ms")
     if not all(k in ph for k in need):
@@ -233,8 +233,8 @@ def critical_path(ph: dict) -> list[tuple[str, float]] | None:
     ready = ph["first_token_ms"] - ph["prompt_eval_ms"] - ph["model_load_ms"]  # since import
     start = ph.get("cuda_start_ms", ready - ph["cuda_init_ms"])
     return [("interpreter", ph["interpreter_ms"]), ("before the driver's init", start),
-            ("driver init (host path beside it)", ready - start), ("model load (upload)", ph["model_load_ms"]),
-            ("prompt eval", ph["prompt_eval_ms"])]
+            ("driver init (host path beside it)", ready - start), ("model load", ph["model_load_ms"]),
+            ("prompt eval (the weights' upload beside it)", ph["prompt_eval_ms"])]
 
 
 def summarise(runs: list[dict], meta: dict) -> tuple[str, dict]:

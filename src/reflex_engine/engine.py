@@ -94,14 +94,10 @@ class ModelFile:
             ops.reserve(tensors, shape, c.activation_width + lora.extra_width(self.adapters))
             weights = load_weights(self.gguf, c, plan, arch.TENSORS, arch.LAYER_TENSORS, ops)
             lora.apply(self.adapters, weights, ops)
-            upload_start = time.perf_counter()
-            uploaded = ops.commit_weights()
-            if uploaded:  # a device backend copied the weights
-                ms = (time.perf_counter() - upload_start) * 1e3
-                self.timings.phases.update(upload_ms=ms, upload_gb_per_s=uploaded / 1e6 / max(ms, 1e-3))
+            uploaded = ops.commit_weights()  # a device backend's copies run on beside the first pass
             cache = ops.new_kv_cache(shape)
             self.gguf.check_unchanged()  # the weights just read are this file's, not a rewrite's
-        return Model(self, ops, weights, cache, n_ctx)
+        return Model(self, ops, weights, cache, n_ctx, uploaded)
 
 
 class TokenLogprob(NamedTuple):
@@ -165,8 +161,9 @@ class System1Result(NamedTuple):
 class Model:
     """A model on a backend. One request at a time: every request reuses the one KV cache."""
 
-    def __init__(self, file: ModelFile, ops, weights, cache, n_ctx: int):
+    def __init__(self, file: ModelFile, ops, weights, cache, n_ctx: int, uploaded: int = 0):
         self.file, self.ops, self.weights, self.cache, self.n_ctx = file, ops, weights, cache, n_ctx
+        self.uploaded = uploaded  # bytes of weights the backend copies to its device
         self.config, self.tokenizer = file.config, file.tokenizer
         # a decode step: the same launches every token, which a device backend may capture once
         self._decode_step = ops.replayable(lambda batch: file.arch.forward(ops, weights, file.config, cache, batch, [0]))
@@ -292,6 +289,13 @@ class Model:
             gen._events = self._exporting(gen._events, gen, timings, sampler, export_kv)
         return gen
 
+    def _note_upload(self, timings: Timings) -> None:
+        """The weights' copy ran beside the first pass; its time goes on the result line once it
+        has ended. By now every weight but an untied embedding table has been read."""
+        ms = self.ops.weights_arrived()
+        if ms is not None and self.uploaded:
+            timings.phases.update(upload_ms=ms, upload_gb_per_s=self.uploaded / 1e6 / max(ms, 1e-3))
+
     def _choose(self, logits, history: list[int], sampler, n_top: int | None) -> tuple[int, tuple]:
         """The next token from logits (1, V), and the TokenEvent fields that score it: none without
         n_top, else its log-probability and the n_top likeliest tokens (None for 0)."""
@@ -346,6 +350,7 @@ class Model:
         gen.text = text
         gen._context = (history[:n_past], token)
         timings.phases["decode_ms"] = (time.perf_counter() - decode_start) * 1e3
+        self._note_upload(timings)
         timings.mark("total")
 
     # -- system1 -------------------------------------------------------------------------------
@@ -395,6 +400,7 @@ class Model:
         if export_kv is not None:
             with timings.phase("kv_export"):
                 self._write_state(export_kv, p_ids, [], None)
+        self._note_upload(timings)
         timings.mark("total")
         return System1Result(result, max(range(len(scores)), key=scores.__getitem__), entropy, n, timings.phases, s)
 

@@ -118,8 +118,13 @@ class Ops(Protocol):
         """Take a tensor's raw blocks as stored (ggml `shape`, innermost first)."""
 
     def commit_weights(self) -> int:
-        """After the last load_weight: returns once every weight is usable, with the bytes it
-        copied to a device (0 where nothing was copied). load_weight's data stays alive until then."""
+        """After the last load_weight: the weights may be used from now on (a device backend's
+        copies may still be in flight: each op waits for its own). Returns the bytes being copied
+        to a device (0 where nothing is). load_weight's data stays alive until weights_arrived."""
+
+    def weights_arrived(self) -> float | None:
+        """Wait until every committed weight is on the device: the ms from the commit to the last
+        copy's end (None where nothing was copied)."""
 
     def replayable(self, forward: Callable[[Batch], Tensor]) -> Callable[[Batch], Tensor]:
         """forward(batch) -> logits of the batch's one token, as a function the backend may record

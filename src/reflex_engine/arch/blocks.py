@@ -11,11 +11,11 @@ from ..ops import Batch
 from .config import ArchConfig
 from .weights import TensorDecl
 
-MODEL_TENSORS = [
-    TensorDecl("token_embd", ("n_embd", "n_vocab")),
+MODEL_TENSORS = [  # loaded after the layers, in this order (weights.load_weights): the head before the embedding
     TensorDecl("output_norm", ("n_embd",)),
     TensorDecl("output", ("n_embd", "n_vocab"), optional=True),  # absent: tied to token_embd
     TensorDecl("rope_freqs", ("rope_pairs",), optional=True),  # Llama 3.1 long-context factors
+    TensorDecl("token_embd", ("n_embd", "n_vocab")),
 ]
 ATTENTION_TENSORS = [
     TensorDecl("attn_norm", ("n_embd",)),

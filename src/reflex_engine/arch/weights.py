@@ -61,6 +61,10 @@ def load_weights(f: GGUFFile, cfg: ArchConfig, plan: dict[str, TensorInfo | None
         info = plan[name]
         return None if info is None else ops.load_weight(info.name, info.ggml_type, info.shape, f.tensor_data(info.name))
 
+    # in the order a pass reads them, layers first: a device backend may start a pass while the
+    # later weights are still being copied in load order (the embedding's few rows it needs at
+    # first can come from the host)
+    blk = [SimpleNamespace(**{d.name: load(f"blk.{i}.{d.name}") for d in layer}) for i in range(cfg.n_layers)]
     w = Weights(**{d.name: load(d.name) for d in model})
-    w.blk = [SimpleNamespace(**{d.name: load(f"blk.{i}.{d.name}") for d in layer}) for i in range(cfg.n_layers)]
+    w.blk = blk
     return w

@@ -49,6 +49,9 @@ class CpuOps:
     def commit_weights(self) -> int:
         return 0  # load_weight already holds every weight
 
+    def weights_arrived(self) -> None:
+        return None
+
     def replayable(self, forward):
         return forward  # numpy has no launches to save
 

@@ -54,6 +54,7 @@ class DecodeGraph:
     def _capture(self, batch: Batch) -> None:
         ops, dev = self.ops, self.ops.device
         drv, stream = dev.drv, dev.stream
+        ops.weights_arrived()  # a capture may neither wait on the upload's events nor copy from pageable memory
         drv.cuMemHostAlloc(byref(self._pinned), self._span, 0)
         recorded: dict[str, list[int]] = {}
         ops._captured_ints, ops._positions = recorded, None

@@ -1,4 +1,5 @@
-"""Weights from the GGUF's file mapping to the device: pinned where they lie, copied by DMA.
+"""Weights from the GGUF's file mapping to the device: pinned where they lie, copied by DMA, while
+the first pass already runs.
 
 A copy from pageable memory goes through the driver's staging buffers at a fraction of the
 link's rate. Pinning the file's own pages (`cuMemHostRegister`, read-only) lets the copy engine
@@ -6,19 +7,26 @@ read them directly; pinning is the slow part (page-table work in the kernel), so
 faulted in (`MADV_POPULATE_READ`) and pinned by a few threads at once, each copying its chunks
 on its own stream. Measured on an H200 (design brief): 0.42 GB in 26.6 ms with 2-4 threads,
 against 37.6 ms with one.
+
+The copies run in the background: after each chunk's copies a thread records a CUDA event, and
+a weight's first reader makes the compute stream wait for the events of the chunks holding it.
+A prompt's pass therefore runs on the first layers while later ones are in flight, so chunks
+go in the order the weights were loaded (a pass's order), not the file's.
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import threading
-from ctypes import c_int, c_size_t, c_void_p
+import time
+from ctypes import byref, c_int, c_size_t, c_void_p
 from typing import NamedTuple, Sequence
 
 from . import driver as cu
 
 CHUNK = 32 << 20
 THREADS = 4
+SMALL = 64 << 10  # norm vectors and the like: every layer reads some, so they travel first
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MADV_POPULATE_READ = 22  # Linux 5.14+; older kernels refuse it and registering faults the pages in
 
@@ -30,32 +38,37 @@ class Copy(NamedTuple):
 
 
 class Chunk(NamedTuple):
-    start: int  # page-aligned host range to pin
+    start: int  # page-aligned host range to pin; start == end: nothing is pinned
     end: int
     copies: list[Copy]  # pieces lying inside [start, end)
+    owners: list[int]  # for each piece, the index of the copy it is part of
 
 
-def plan_chunks(copies: Sequence[Copy], chunk: int = CHUNK, page: int = PAGE) -> list[Chunk]:
+def plan_chunks(copies: Sequence[Copy], chunk: int = CHUNK, page: int = PAGE, small: int = SMALL) -> list[Chunk]:
     """Cut the copies at page-aligned boundaries every `chunk` bytes of host address space, so
     chunks never share a page (a page can be registered once) and each piece lies in one chunk.
-    Chunks come in host-address order: the file's first tensors first."""
-    copies = [c for c in copies if c.nbytes]
-    if not copies:
-        return []
-    base = min(c.src for c in copies) // page * page
-    pieces: dict[int, list[Copy]] = {}
-    for c in copies:
+    Copies under `small` bytes come first, in one chunk copied from pageable memory (pinning
+    their pages would pin their neighbours' too); the others' chunks follow in the order of the
+    first copy each holds."""
+    live = [(i, c) for i, c in enumerate(copies) if c.nbytes]
+    smalls = [(i, c) for i, c in live if c.nbytes < small]
+    large = [(i, c) for i, c in live if c.nbytes >= small]
+    chunks = [Chunk(0, 0, [c for _, c in smalls], [i for i, _ in smalls])] if smalls else []
+    if not large:
+        return chunks
+    base = min(c.src for _, c in large) // page * page
+    pieces: dict[int, list[tuple[int, Copy]]] = {}
+    for owner, c in large:
         end = c.src + c.nbytes
-        for i in range((c.src - base) // chunk, (end - 1 - base) // chunk + 1):
-            lo, hi = max(c.src, base + i * chunk), min(end, base + (i + 1) * chunk)
-            pieces.setdefault(i, []).append(Copy(c.dst + lo - c.src, lo, hi - lo))
-    chunks = []
-    for i in sorted(pieces):
-        part = pieces[i]
-        start = min(p.src for p in part) // page * page
-        end = -(-max(p.src + p.nbytes for p in part) // page) * page
-        chunks.append(Chunk(start, end, part))
-    return chunks
+        for k in range((c.src - base) // chunk, (end - 1 - base) // chunk + 1):
+            lo, hi = max(c.src, base + k * chunk), min(end, base + (k + 1) * chunk)
+            pieces.setdefault(k, []).append((owner, Copy(c.dst + lo - c.src, lo, hi - lo)))
+    cut = []
+    for part in pieces.values():
+        start = min(p.src for _, p in part) // page * page
+        end = -(-max(p.src + p.nbytes for _, p in part) // page) * page
+        cut.append(Chunk(start, end, [p for _, p in part], [o for o, _ in part]))
+    return chunks + sorted(cut, key=lambda c: (min(c.owners), c.start))
 
 
 _libc = None
@@ -69,45 +82,97 @@ def _madvise(start: int, length: int, advice: int) -> None:
     _libc.madvise(start, length, advice)  # advice only: a refusal leaves the faulting to the driver
 
 
-def upload(device, copies: Sequence[Copy], threads: int = THREADS) -> int:
-    """Copy every piece to the device; returns the bytes copied once all are there. A chunk the
-    driver will not pin (e.g. no read-only registration) is copied from pageable memory."""
-    chunks = plan_chunks(copies)
-    if not chunks:
-        return 0
-    queue, errors = iter(chunks), []
+class Upload:
+    """The copies, started at once on `threads` threads; `wait(i, stream)` orders work on a
+    stream after copy i, `finish()` waits for all of them. A chunk the driver will not pin (e.g.
+    no read-only registration) is copied from pageable memory. A failed copy is raised by the
+    next `wait` or `finish`, never left for a waiter to hang on."""
 
-    def work() -> None:
-        drv, stream, pinned = device.drv, c_void_p(), []
+    def __init__(self, device, copies: Sequence[Copy], threads: int = THREADS):
+        self.device, self.nbytes = device, sum(c.nbytes for c in copies)
+        self.chunks = plan_chunks(copies)
+        self._chunks_of: list[list[int]] = [[] for _ in copies]
+        for j, chunk in enumerate(self.chunks):
+            for owner in chunk.owners:
+                if not self._chunks_of[owner] or self._chunks_of[owner][-1] != j:
+                    self._chunks_of[owner].append(j)
+        self._queued = [threading.Event() for _ in self.chunks]  # chunk j's copies and event are enqueued
+        self._events = []
+        for _ in self.chunks:
+            self._events.append(c_void_p())
+            device.drv.cuEventCreate(byref(self._events[-1]), cu.EVENT_DISABLE_TIMING)
+        self._awaited: set[int] = set()
+        self._errors: list[BaseException] = []
+        self._started, self._copy_ends = time.perf_counter(), []  # when each thread saw its copies end
+        queue = iter(list(enumerate(self.chunks)))  # shared: each chunk goes to whichever thread is free
+        self._threads = [threading.Thread(target=self._work, args=(queue,), name=f"reflex-upload-{i}")
+                         for i in range(min(threads, len(self.chunks)))]
+        for t in self._threads:
+            t.start()
+
+    def _work(self, queue) -> None:
+        device, stream, pinned = self.device, c_void_p(), []
+        drv = device.drv
         try:
             device.make_current()
-            drv.cuStreamCreate(ctypes.byref(stream), cu.STREAM_NON_BLOCKING)
-            for chunk in queue:  # a shared iterator: each chunk goes to whichever thread is free
+            drv.cuStreamCreate(byref(stream), cu.STREAM_NON_BLOCKING)
+            for j, chunk in queue:
                 length = chunk.end - chunk.start
-                _madvise(chunk.start, length, MADV_POPULATE_READ)
-                try:
-                    drv.cuMemHostRegister_v2(chunk.start, length, cu.HOST_REGISTER_READ_ONLY)
-                    pinned.append(chunk.start)
-                except cu.CudaError:
-                    pass
+                if length:
+                    _madvise(chunk.start, length, MADV_POPULATE_READ)
+                    try:
+                        drv.cuMemHostRegister_v2(chunk.start, length, cu.HOST_REGISTER_READ_ONLY)
+                        pinned.append(chunk.start)
+                    except cu.CudaError:
+                        pass
                 for piece in chunk.copies:
                     drv.cuMemcpyHtoDAsync_v2(piece.dst, piece.src, piece.nbytes, stream)
+                drv.cuEventRecord(self._events[j], stream)
+                self._queued[j].set()
         except BaseException as e:
-            errors.append(e)
+            self._errors.append(e)
+            for queued in self._queued:  # wake every waiter: it raises the error
+                queued.set()
         finally:  # even after an error: the copies must end before their pages are unpinned
-            for call, arg in [(drv.cuStreamSynchronize, stream)] * bool(stream) + [
-                    (drv.cuMemHostUnregister, start) for start in pinned] + [(drv.cuStreamDestroy_v2, stream)] * bool(stream):
-                try:
-                    call(arg)
-                except cu.CudaError as e:
-                    errors.append(e)
+            if stream:
+                self._call(drv.cuStreamSynchronize, stream)
+            self._copy_ends.append(time.perf_counter())
+            for start in pinned:
+                self._call(drv.cuMemHostUnregister, start)
+            if stream:
+                self._call(drv.cuStreamDestroy_v2, stream)
 
-    workers = [threading.Thread(target=work, name=f"reflex-upload-{i}") for i in range(min(threads, len(chunks)) - 1)]
-    for w in workers:
-        w.start()
-    work()  # the calling thread is one of the workers
-    for w in workers:
-        w.join()
-    if errors:
-        raise errors[0]
-    return sum(c.nbytes for c in copies)
+    def _call(self, call, arg) -> None:
+        try:
+            call(arg)
+        except cu.CudaError as e:
+            self._errors.append(e)
+
+    def _raise(self) -> None:
+        if self._errors:
+            raise self._errors[0]
+
+    def queued(self, i: int) -> bool:
+        """Whether copy i's chunks are all enqueued: `wait(i, ...)` would not block the host."""
+        return all(self._queued[j].is_set() for j in self._chunks_of[i])
+
+    def wait(self, i: int, stream) -> None:
+        """Work enqueued on `stream` from now on runs after copy i has landed. Blocks the host
+        only until the copy is enqueued (its chunk pinned), never until it has crossed."""
+        for j in self._chunks_of[i]:
+            if j in self._awaited:
+                continue
+            self._queued[j].wait()
+            self._raise()
+            self.device.drv.cuStreamWaitEvent(stream, self._events[j], 0)
+            self._awaited.add(j)
+
+    def finish(self) -> float:
+        """Wait for every copy; the ms from the start to the last copy's end."""
+        for t in self._threads:
+            t.join()
+        for event in self._events:
+            self._call(self.device.drv.cuEventDestroy_v2, event)
+        self._events = []
+        self._raise()
+        return (max(self._copy_ends, default=self._started) - self._started) * 1e3
