@@ -15,7 +15,7 @@ from ...gguf import GGMLType, tensor_nbytes
 from ...ops import Batch, CacheShape, Rope, RopeMode, StateArray
 from .device import F32, F64, I64, INT, PTR, Device
 from .memory import Plan, Pool, Region, Tensor, aligned
-from .upload import Copy, upload
+from .upload import Copy, Upload
 
 # types with their own kernels (kernels/quant_blocks.cuh); the rest become F16 at load
 KERNEL_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
@@ -93,6 +93,9 @@ class CudaOps:
         self._weights = self._cache = self._scratch = self._small = self._large = None
         self._positions = None  # (sequence, device copy) of the last rope call: q and k share it
         self._pending: list[tuple[Copy, memoryview]] = []  # weight copies waiting for commit_weights
+        self._upload: Upload | None = None  # the committed copies while any are in flight
+        self._upload_ms: float | None = None
+        self._arriving: dict[int, tuple[int, memoryview]] = {}  # weight address -> (its copy, its bytes) until first read
         self._captured_ints: dict[str, list[int]] | None = None  # while graph.py captures a step
         self.graphs = os.environ.get("REFLEX_CUDA_GRAPHS") != "0"  # replay decode steps as CUDA graphs
 
@@ -159,9 +162,29 @@ class CudaOps:
         return Weight(ptr, ggml_type, shape)
 
     def commit_weights(self) -> int:
-        nbytes = upload(self.device, [copy for copy, _ in self._pending])
+        """Start the copies (upload.py) and return: each op waits for its own weights."""
+        if not self._pending:
+            return 0
+        self._upload = Upload(self.device, [copy for copy, _ in self._pending])
+        self._arriving = {copy.dst: (i, view) for i, (copy, view) in enumerate(self._pending)}
         self._pending = []
-        return nbytes
+        return self._upload.nbytes
+
+    def weights_arrived(self) -> float | None:
+        if self._upload is not None:
+            for i, _ in self._arriving.values():
+                self._upload.wait(i, self.device.stream)
+            self._arriving = {}
+            self._upload_ms, self._upload = self._upload.finish(), None
+        return self._upload_ms
+
+    def _ready(self, weight: Weight) -> int:
+        """The weight's address, once the stream's next work will find it on the device."""
+        if self._arriving:
+            arriving = self._arriving.pop(weight.ptr, None)
+            if arriving is not None:
+                self._upload.wait(arriving[0], self.device.stream)
+        return weight.ptr
 
     def replayable(self, forward):
         if not self.graphs:
@@ -211,9 +234,23 @@ class CudaOps:
 
     def embed(self, table: Weight, tokens: Sequence[int]) -> Tensor:
         out = self._new(len(tokens), table.n_cols)
+        arriving = self._arriving.get(table.ptr)
+        if arriving is not None and not self._upload.queued(arriving[0]):
+            # the table is still in flight (it goes last: a pass reads only the prompt's rows of it):
+            # those rows go up from the file mapping, packed in an activation buffer, which holds
+            # 4 bytes a column and so any stored row
+            first = sorted(set(tokens))
+            row_bytes = tensor_nbytes(table.ggml_type, (table.n_cols,))
+            rows = bytes().join(arriving[1][t * row_bytes : (t + 1) * row_bytes] for t in first)
+            packed = self._new(len(first), table.n_cols)
+            self.device.upload(packed.ptr, buffer_address(memoryview(rows)), len(rows))  # pageable: staged before it returns
+            at = {t: i for i, t in enumerate(first)}
+            table_ptr, tokens = packed.ptr, [at[t] for t in tokens]
+        else:
+            table_ptr = self._ready(table)
         ids = self._upload_ints("tokens", tokens)
         self.device.launch(f"get_rows_{kernel_suffix(table.ggml_type)}", (len(tokens),), 128,
-                           (PTR(table.ptr), PTR(ids), PTR(out.ptr), INT(table.n_cols), INT(len(tokens))))
+                           (PTR(table_ptr), PTR(ids), PTR(out.ptr), INT(table.n_cols), INT(len(tokens))))
         return out
 
     def rms_norm(self, x: Tensor, weight: Weight, eps: float) -> Tensor:
@@ -221,14 +258,14 @@ class CudaOps:
         out = self._new(x.rows, x.cols)
         block = 32 * -(-min(d, 1024) // 32)
         self.device.launch("rms_norm_f32", (x.rows * x.cols // d,), block,
-                           (PTR(x.ptr), PTR(weight.ptr), PTR(out.ptr), INT(d), F32(eps)))
+                           (PTR(x.ptr), PTR(self._ready(weight)), PTR(out.ptr), INT(d), F32(eps)))
         return out
 
     def matmul(self, x: Tensor, weight: Weight) -> Tensor:
         if x.cols != weight.n_cols:
             raise ReflexError(f"internal error: matmul of width {x.cols} with a weight of {weight.n_cols} columns")
         out = self._new(x.rows, weight.n_rows)
-        args = (PTR(weight.ptr), PTR(x.ptr), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols), INT(x.rows))
+        args = (PTR(self._ready(weight)), PTR(x.ptr), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols), INT(x.rows))
         suffix = kernel_suffix(weight.ggml_type)
         if x.rows <= MATVEC_MAX_TOKENS:
             self.device.launch(f"matvec_{suffix}", (-(-weight.n_rows // 4),), 128, args)
@@ -270,7 +307,7 @@ class CudaOps:
         out = self._new(x.rows, x.cols)
         block = min(256, 32 * -(-(rope.n_rot // 2) // 32))
         self.device.launch("rope_f32", (x.rows, x.cols // head_dim), block,
-                           (PTR(x.ptr), PTR(out.ptr), PTR(self._positions[1]), PTR(freq_factors.ptr if freq_factors else 0),
+                           (PTR(x.ptr), PTR(out.ptr), PTR(self._positions[1]), PTR(self._ready(freq_factors) if freq_factors else 0),
                             INT(head_dim), INT(rope.n_rot), INT(rope.mode is RopeMode.NEOX), F64(rope.base),
                             F64(rope.freq_scale)))
         return out
