@@ -82,6 +82,22 @@ def test_matmul_matches_dequantized_reference(gpu, qtype, n_tok):
             assert rel_err(got, cpu.matmul(x, w_cpu).astype(np.float64)) < (1e-5 if n_tok <= 8 else 3e-3), (qtype, n_rows)
 
 
+@pytest.mark.parametrize("qtype", KERNEL_TYPES)
+def test_matvec_edge_shapes(gpu, qtype):
+    """The decode matvec (kernels/matvec.cu: 2 rows a block, 128 threads striding over 8-element
+    pieces) at its edges: the smallest legal width, widths whose last pass is partial, ragged and
+    unaligned rows for the float types, one row, an odd row count, every token count."""
+    block = GGML_BLOCK[GGMLType[qtype]][0]
+    widths = [1, 13, 64, 2056] if block == 1 else [block, 3 * block, 12288]
+    for n_cols in widths:
+        for n_rows in (1, 3, 130):
+            w_cpu, w_gpu = both(gpu, qtype, n_rows, n_cols)
+            for n_tok in range(1, 9):
+                x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
+                got = gpu.to_host(gpu.matmul(host(gpu, x), w_gpu))
+                assert rel_err(got, cpu.matmul(x, w_cpu).astype(np.float64)) < 1e-5, (n_cols, n_rows, n_tok)
+
+
 def test_long_prompt_matmul_on_the_large_tiles():
     """A grid big enough for gemm_f16's 128 x 128 tiles (the tests above take its 64 x 64 ones)."""
     from reflex_engine.backends.cuda import CudaOps

@@ -12,6 +12,10 @@
 // Every type T has: T::elems (elements per block), sizeof(T) (bytes per block), and
 // T::chunk(row, c, n, v): elements 32c..32c+31 of a row of n elements into v. Scalar types
 // (elems == 1) take any n and give 0 past it, and have T::value(row, k) for one element.
+// T::piece(row, p, n, v): elements 8p..8p+7 (for the decode matvec), the same values as chunk's
+// but cheaper: integers become floats through the mantissa (byte_floats) instead of the
+// conversion unit, and types with an offset apply scale and offset in one fused multiply-add,
+// so those may differ from chunk's in the last bit.
 #pragma once
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -106,6 +110,30 @@ __host__ __device__ __forceinline__ uint32_t byte_at(const uint32_t (&w)[N], int
     return w[j / 4] >> (8 * (j % 4)) & 0xFF;
 }
 
+// (float)(byte i of w) - bias for i = 0..3, exactly (bytes and biases are small integers): on the
+// device, byte i becomes the mantissa of 2^23 + byte, which a subtraction takes back off.
+__host__ __device__ __forceinline__ void byte_floats(uint32_t w, float bias, float* f) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#ifdef __CUDA_ARCH__
+        f[i] = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440 + i)) - (8388608.0f + bias);
+#else
+        f[i] = (float)(w >> (8 * i) & 0xFF) - bias;
+#endif
+    }
+}
+
+// Eight small integers, two words of bytes, as floats minus bias.
+__host__ __device__ __forceinline__ void bytes8_floats(const uint32_t (&q)[2], float bias, float v[8]) {
+    byte_floats(q[0], bias, v);
+    byte_floats(q[1], bias, v + 4);
+}
+
+// Bits 0..3 of x to bit 0 of bytes 0..3 (the partial products land on distinct bits: no carries).
+__host__ __device__ __forceinline__ uint32_t spread4(uint32_t x) {
+    return (x & 15) * 0x00204081u & 0x01010101u;
+}
+
 // ---- scalar types: F32, F16, BF16 ---------------------------------------------------------
 
 template <class T>
@@ -137,6 +165,23 @@ struct scalar_block {
         } else {  // the row's tail, or a row start that F16/BF16 widths leave unaligned
 #pragma unroll
             for (int j = 0; j < 32; ++j) v[j] = 32 * c + j < n ? value(row, 32 * c + j) : 0.0f;
+        }
+    }
+
+    __host__ __device__ static void piece(const uint8_t* row, int p, int n, float v[8]) {
+        constexpr int N = 2 * (int)sizeof(T);  // words in 8 elements
+        const uint8_t* at = row + (size_t)8 * p * sizeof(T);
+        if (8 * p + 8 <= n && reinterpret_cast<uintptr_t>(at) % 16 == 0) {
+            uint32_t w[N];
+            load_words<16>(at, w);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                if constexpr (sizeof(T) == 4) v[j] = T::decode(w[j]);
+                else v[j] = T::decode(w[j / 2] >> (16 * (j % 2)) & 0xFFFF);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = 8 * p + j < n ? value(row, 8 * p + j) : 0.0f;
         }
     }
 };
@@ -176,6 +221,20 @@ struct block_q4_0 {
             v[j + 16] = mul_rn(d, (float)((int)(byte_at(q, j) >> 4) - 8));
         }
     }
+
+    // piece j of a block: nibble j / 2 of qs[8(j % 2) + i]
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
+        const block_q4_0& b = reinterpret_cast<const block_q4_0*>(row)[p / 4];
+        const int j = p % 4;
+        const float d = __half2float(b.d);
+        uint32_t q[2];
+        load_words<2>(b.qs + 8 * (j % 2), q);
+        const int shift = 4 * (j / 2);
+        q[0] = q[0] >> shift & 0x0F0F0F0F, q[1] = q[1] >> shift & 0x0F0F0F0F;
+        bytes8_floats(q, 8.0f, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul_rn(d, v[i]);
+    }
 };
 static_assert(sizeof(block_q4_0) == 18, "block_q4_0");
 
@@ -194,6 +253,19 @@ struct alignas(4) block_q4_1 {
             v[j] = add_rn(mul_rn(d, (float)(byte_at(q, j) & 15)), m);
             v[j + 16] = add_rn(mul_rn(d, (float)(byte_at(q, j) >> 4)), m);
         }
+    }
+
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
+        const block_q4_1& b = reinterpret_cast<const block_q4_1*>(row)[p / 4];
+        const int j = p % 4;
+        const float d = __half2float(b.d), m = __half2float(b.m);
+        uint32_t q[2];
+        load_words<4>(b.qs + 8 * (j % 2), q);
+        const int shift = 4 * (j / 2);
+        q[0] = q[0] >> shift & 0x0F0F0F0F, q[1] = q[1] >> shift & 0x0F0F0F0F;
+        bytes8_floats(q, 0.0f, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = fmaf(d, v[i], m);
     }
 };
 static_assert(sizeof(block_q4_1) == 20, "block_q4_1");
@@ -224,6 +296,22 @@ struct block_q5_0 {
 #pragma unroll
         for (int j = 0; j < 32; ++j) v[j] = mul_rn(d, (float)(q5[j] - 16));
     }
+
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
+        const block_q5_0& b = reinterpret_cast<const block_q5_0*>(row)[p / 4];
+        const int j = p % 4;
+        const float d = __half2float(b.d);
+        uint32_t q[2], qh[1];
+        load_words<2>(b.qs + 8 * (j % 2), q);
+        load_words<2>(b.qh, qh);
+        const int shift = 4 * (j / 2);
+        const uint32_t hi = qh[0] >> (8 * j);  // bit 4 of elements 8j..8j+7
+        q[0] = (q[0] >> shift & 0x0F0F0F0F) | spread4(hi) << 4;
+        q[1] = (q[1] >> shift & 0x0F0F0F0F) | spread4(hi >> 4) << 4;
+        bytes8_floats(q, 16.0f, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul_rn(d, v[i]);
+    }
 };
 static_assert(sizeof(block_q5_0) == 22, "block_q5_0");
 
@@ -244,6 +332,22 @@ struct alignas(8) block_q5_1 {
 #pragma unroll
         for (int j = 0; j < 32; ++j) v[j] = add_rn(mul_rn(d, (float)q5[j]), m);
     }
+
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
+        const block_q5_1& b = reinterpret_cast<const block_q5_1*>(row)[p / 4];
+        const int j = p % 4;
+        const float d = __half2float(b.d), m = __half2float(b.m);
+        uint32_t q[2], qh[1];
+        load_words<8>(b.qs + 8 * (j % 2), q);
+        load_words<4>(b.qh, qh);
+        const int shift = 4 * (j / 2);
+        const uint32_t hi = qh[0] >> (8 * j);  // bit 4 of elements 8j..8j+7
+        q[0] = (q[0] >> shift & 0x0F0F0F0F) | spread4(hi) << 4;
+        q[1] = (q[1] >> shift & 0x0F0F0F0F) | spread4(hi >> 4) << 4;
+        bytes8_floats(q, 0.0f, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = fmaf(d, v[i], m);
+    }
 };
 static_assert(sizeof(block_q5_1) == 24, "block_q5_1");
 
@@ -259,6 +363,17 @@ struct block_q8_0 {
         load_words<2>(reinterpret_cast<const uint8_t*>(b.qs), q);
 #pragma unroll
         for (int j = 0; j < 32; ++j) v[j] = mul_rn(d, (float)(int8_t)byte_at(q, j));
+    }
+
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
+        const block_q8_0& b = reinterpret_cast<const block_q8_0*>(row)[p / 4];
+        const float d = __half2float(b.d);
+        uint32_t q[2];
+        load_words<2>(reinterpret_cast<const uint8_t*>(b.qs) + 8 * (p % 4), q);
+        q[0] ^= 0x80808080, q[1] ^= 0x80808080;  // int8 q as q + 128
+        bytes8_floats(q, 128.0f, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul_rn(d, v[i]);
     }
 };
 static_assert(sizeof(block_q8_0) == 34, "block_q8_0");
@@ -287,6 +402,21 @@ struct alignas(4) block_q2_K {
 #pragma unroll
         for (int l = 0; l < 32; ++l)
             v[l] = sub_rn(mul_rn(dl[l / 16], (float)(byte_at(q, l) >> shift & 3)), ml[l / 16]);
+    }
+
+    // piece j of a block: elements 8(j % 4)..+7 of sub-chunk j / 4, all in one group of 16
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
+        const block_q2_K& b = reinterpret_cast<const block_q2_K*>(row)[p / 32];
+        const int s = p % 32 / 4, l0 = 8 * (p % 4);
+        const uint32_t sc = b.scales[2 * s + l0 / 16];
+        const float dl = mul_rn(__half2float(b.d), (float)(sc & 15)), ml = mul_rn(__half2float(b.dmin), (float)(sc >> 4));
+        uint32_t q[2];
+        load_words<4>(b.qs + 32 * (s / 4) + l0, q);
+        const int shift = 2 * (s % 4);
+        q[0] = q[0] >> shift & 0x03030303, q[1] = q[1] >> shift & 0x03030303;
+        bytes8_floats(q, 0.0f, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = fmaf(dl, v[i], -ml);
     }
 };
 static_assert(sizeof(block_q2_K) == 84, "block_q2_K");
@@ -318,6 +448,21 @@ struct block_q3_K {
             const int q3 = (byte_at(q, l) >> shift & 3) | (byte_at(h, l) >> s & 1) << 2;
             v[l] = mul_rn(dl[l / 16], (float)(q3 - 4));
         }
+    }
+
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
+        const block_q3_K& b = reinterpret_cast<const block_q3_K*>(row)[p / 32];
+        const int s = p % 32 / 4, l0 = 8 * (p % 4);
+        const float dl = mul_rn(__half2float(b.d), (float)(scale(b.scales, 2 * s + l0 / 16) - 32));
+        uint32_t q[2], h[2];
+        load_words<2>(b.qs + 32 * (s / 4) + l0, q);
+        load_words<2>(b.hmask + l0, h);
+        const int shift = 2 * (s % 4);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) q[i] = (q[i] >> shift & 0x03030303) | (h[i] >> s & 0x01010101) << 2;
+        bytes8_floats(q, 4.0f, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul_rn(dl, v[i]);
     }
 };
 static_assert(sizeof(block_q3_K) == 110, "block_q3_K");
@@ -354,6 +499,20 @@ struct alignas(16) block_q4_K {
 #pragma unroll
         for (int l = 0; l < 32; ++l) v[l] = sub_rn(mul_rn(dl, (float)(byte_at(q, l) >> shift & 15)), ml);
     }
+
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
+        const block_q4_K& b = reinterpret_cast<const block_q4_K*>(row)[p / 32];
+        const int s = p % 32 / 4, l0 = 8 * (p % 4);
+        float dl, ml;
+        scale_min_k4(b.d, b.dmin, b.scales, s, dl, ml);
+        uint32_t q[2];
+        load_words<8>(b.qs + 32 * (s / 2) + l0, q);
+        const int shift = 4 * (s % 2);
+        q[0] = q[0] >> shift & 0x0F0F0F0F, q[1] = q[1] >> shift & 0x0F0F0F0F;
+        bytes8_floats(q, 0.0f, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = fmaf(dl, v[i], -ml);
+    }
 };
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K");
 
@@ -378,6 +537,22 @@ struct alignas(16) block_q5_K {
             const int q5 = (byte_at(q, l) >> shift & 15) | (byte_at(h, l) >> s & 1) << 4;
             v[l] = sub_rn(mul_rn(dl, (float)q5), ml);
         }
+    }
+
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
+        const block_q5_K& b = reinterpret_cast<const block_q5_K*>(row)[p / 32];
+        const int s = p % 32 / 4, l0 = 8 * (p % 4);
+        float dl, ml;
+        scale_min_k4(b.d, b.dmin, b.scales, s, dl, ml);
+        uint32_t q[2], h[2];
+        load_words<8>(b.qs + 32 * (s / 2) + l0, q);
+        load_words<8>(b.qh + l0, h);
+        const int shift = 4 * (s % 2);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) q[i] = (q[i] >> shift & 0x0F0F0F0F) | (h[i] >> s & 0x01010101) << 4;
+        bytes8_floats(q, 0.0f, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = fmaf(dl, v[i], -ml);
     }
 };
 static_assert(sizeof(block_q5_K) == 176, "block_q5_K");
@@ -404,6 +579,21 @@ struct block_q6_K {
             const int q6 = (byte_at(lo, l) >> lo_shift & 15) | (byte_at(hi, l) >> hi_shift & 3) << 4;
             v[l] = mul_rn(dl[l / 16], (float)(q6 - 32));
         }
+    }
+
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
+        const block_q6_K& b = reinterpret_cast<const block_q6_K*>(row)[p / 32];
+        const int s = p % 32 / 4, h = s / 4, k = s % 4, l0 = 8 * (p % 4);
+        const float dl = mul_rn(__half2float(b.d), (float)b.scales[8 * h + 2 * k + l0 / 16]);
+        uint32_t lo[2], hi[2];
+        load_words<2>(b.ql + 64 * h + 32 * (k % 2) + l0, lo);
+        load_words<2>(b.qh + 32 * h + l0, hi);
+        const int lo_shift = 4 * (k / 2), hi_shift = 2 * k;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) lo[i] = (lo[i] >> lo_shift & 0x0F0F0F0F) | (hi[i] >> hi_shift & 0x03030303) << 4;
+        bytes8_floats(lo, 32.0f, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul_rn(dl, v[i]);
     }
 };
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K");
