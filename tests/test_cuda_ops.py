@@ -178,6 +178,30 @@ def test_attention_prefill_then_decode(gpu, n_heads, n_kv, d, segments, t):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize("n_heads,n_kv,d", [(4, 2, 128), (6, 2, 64), (2, 1, 96)])
+def test_attention_at_a_long_context_over_many_splits(gpu, n_heads, n_kv, d):
+    """Decode and short batches where the cache's slots are split over 32 blocks a (query, head)
+    (kernels/attention.cu, a grid fixed by the capacity) and attention_combine merges their
+    partials: a 4,000-token prompt, then two candidates in their own segments (each sees the
+    prompt and itself), then decode steps of 1 and 8 tokens at start > 0."""
+    shape = CacheShape(1, 4096, n_kv * d, n_kv * d)
+    c_cpu, c_gpu = cpu.new_kv_cache(shape), gpu.new_kv_cache(shape)
+    n = 4030
+    q, k, v = (rng.standard_normal((n, w)).astype(np.float32) for w in (n_heads * d, n_kv * d, n_kv * d))
+    k, v = f16_rounded(k), f16_rounded(v)
+    kw = dict(layer=0, n_heads=n_heads, n_kv_heads=n_kv, scale=d**-0.5)
+    steps = [(a, a + 500, Batch.causal(range(500), a)) for a in range(0, 4000, 500)]
+    steps += [(4000, 4020, Batch(range(20), range(4000, 4020), [1] * 10 + [2] * 10, 4000))]
+    steps += [(4020, 4021, Batch.causal([0], 4020)), (4021, 4029, Batch.causal(range(8), 4021)),
+              (4029, 4030, Batch.causal([0], 4029))]
+    for a, b, batch in steps:
+        ref = cpu.attention(q[a:b], k[a:b], v[a:b], cache=c_cpu, batch=batch, **kw)
+        gpu.poison()
+        dq, dk, dv = (gpu.from_host(np.ascontiguousarray(m[a:b])) for m in (q, k, v))
+        got = gpu.to_host(gpu.attention(dq, dk, dv, cache=c_gpu, batch=batch, **kw))
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5, err_msg=f"slots {a}..{b - 1}")
+
+
 @pytest.mark.parametrize("vocab", [1000, 151936])
 def test_greedy_with_penalties_and_token_logprobs(gpu, vocab):
     logits = rng.standard_normal((3, vocab)).astype(np.float32) * 4

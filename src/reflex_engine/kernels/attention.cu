@@ -5,6 +5,8 @@
 
 #define ATTN_WARPS 4
 #define ATTN_MAX_PER_LANE 8  // head widths up to 256, 32 lanes
+#define ATTN_MAX_SPLITS 64  // ops.py's ATTENTION_MAX_SPLITS
+#define ATTN_SPLIT_MIN_SLOTS 128  // shorter splits would cost the combine more than they save
 
 // Slots start..start+n_tok-1 get the rows of k and v. Grid: one block per token. Here and below
 // the first slot is read from device memory (*start_at), so a captured decode step replays at
@@ -33,16 +35,35 @@ struct AttnMerge {
     float acc[ATTN_WARPS][ATTN_MAX_PER_LANE * WARP];
 };
 
-// One (query token, query head) for a block: see `attention`. nk, nv (head widths / 32) are
-// literals at the common call sites, so the per-lane loops below shrink to them there. STEP
+// Where split s of (query i, head h) leaves its partial softmax for attention_combine: its
+// (max, sum) pair at pairs[row], its unnormalized weighted V at acc[row * dv], row = (i * n_heads
+// + h) * n_splits + s. acc follows all the pairs.
+struct AttnPartials {
+    float2* pairs;
+    float* acc;
+    __device__ AttnPartials(float* base, int n_tok, int n_heads, int n_splits)
+        : pairs(reinterpret_cast<float2*>(base)), acc(base + 2 * (size_t)n_tok * n_heads * n_splits) {}
+};
+
+// One (query token, query head, split) for a block: see `attention`. nk, nv (head widths / 32)
+// are literals at the common call sites, so the per-lane loops below shrink to them there. STEP
 // slots at a time, so that their loads are in flight together.
 template <int STEP>
 __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
                                        const __half* v_cache, const int* slot_seg, const int* seg,
-                                       float* out, int start, int n_heads, int n_kv_heads, int nk,
-                                       int nv, float scale, AttnMerge& merge) {
-    const int i = blockIdx.x, h = blockIdx.y;
+                                       float* out, float* partials, int start, int n_tok, int n_heads,
+                                       int n_kv_heads, int nk, int nv, float scale, AttnMerge& merge) {
+    const int i = blockIdx.x, h = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    // the splits cut the slots of the batch's last query evenly, ATTN_SPLIT_MIN_SLOTS at least
+    const int split_len = max(ATTN_SPLIT_MIN_SLOTS, (start + n_tok + n_splits - 1) / n_splits);
+    const int last = start + i, first = split * split_len, end = min(first + split_len - 1, last);
+    const size_t row = ((size_t)i * n_heads + h) * n_splits + split;
+    const AttnPartials part(partials, n_tok, n_heads, n_splits);
+    if (first > end) {  // a split past the query's slot: weight 0 in the combine, which skips its acc
+        if (threadIdx.x == 0) part.pairs[row] = make_float2(-INFINITY, 0.0f);
+        return;
+    }
     const int dk = nk * WARP, dv = nv * WARP, kv_head = h / (n_heads / n_kv_heads);
     const size_t k_width = (size_t)n_kv_heads * dk, v_width = (size_t)n_kv_heads * dv;
 
@@ -57,19 +78,19 @@ __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
         acc[e] = 0.0f;
     }
 
-    const int last = start + i, own_seg = seg[i];
+    const int own_seg = seg[i];
     const __half* k_head = k_cache + (size_t)kv_head * dk + lane;
     const __half* v_head = v_cache + (size_t)kv_head * dv + lane;
     float run_max = -INFINITY, run_sum = 0.0f;
-    for (int j0 = warp * STEP; j0 <= last; j0 += ATTN_WARPS * STEP) {
+    for (int j0 = first + warp * STEP; j0 <= end; j0 += ATTN_WARPS * STEP) {
         // Every load of the step first and unconditionally, so they are in flight together:
-        // slots past `last` re-read it, unused dims re-read the last one. Then the scores,
+        // slots past `end` re-read it, unused dims re-read the last one. Then the scores,
         // with hidden slots at -inf.
         __half kx[STEP][ATTN_MAX_PER_LANE], vx[STEP][ATTN_MAX_PER_LANE];
         int slot_s[STEP];
 #pragma unroll
         for (int u = 0; u < STEP; ++u) {
-            const int j = min(j0 + u, last);
+            const int j = min(j0 + u, end);
             slot_s[u] = slot_seg[j];
 #pragma unroll
             for (int e = 0; e < ATTN_MAX_PER_LANE; ++e) {
@@ -84,7 +105,7 @@ __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
 #pragma unroll
             for (int e = 0; e < ATTN_MAX_PER_LANE; ++e) dot += qv[e] * __half2float(kx[u][e]);
             dot = warp_sum(dot) * scale;
-            const bool seen = j0 + u <= last && (slot_s[u] == 0 || slot_s[u] == own_seg);
+            const bool seen = j0 + u <= end && (slot_s[u] == 0 || slot_s[u] == own_seg);
             score[u] = seen ? dot : -INFINITY;
             step_max = fmaxf(step_max, score[u]);
         }
@@ -108,7 +129,8 @@ __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
         if (e < nv) merge.acc[warp][e * WARP + lane] = acc[e];
     __syncthreads();
 
-    // A warp that saw no slot has max -inf and weighs 0; some warp saw the query's own slot.
+    // A warp that saw no slot has max -inf and weighs 0. With one split, some warp saw the
+    // query's own slot; with more, a split whose slots are all hidden has max -inf and sum 0.
     float m = merge.max[0];
 #pragma unroll
     for (int w = 1; w < ATTN_WARPS; ++w) m = fmaxf(m, merge.max[w]);
@@ -118,38 +140,72 @@ __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
         wt[w] = weight_of(merge.max[w], m);
         total += wt[w] * merge.sum[w];
     }
-    const float inv_total = 1.0f / total;
-    float* out_row = out + ((size_t)i * n_heads + h) * dv;
+    const float norm = n_splits == 1 ? 1.0f / total : 1.0f;
+    float* out_row = n_splits == 1 ? out + ((size_t)i * n_heads + h) * dv : part.acc + row * dv;
     for (int c = threadIdx.x; c < dv; c += blockDim.x) {
         float o = 0.0f;
 #pragma unroll
         for (int w = 0; w < ATTN_WARPS; ++w) o += wt[w] * merge.acc[w][c];
-        out_row[c] = o * inv_total;
+        out_row[c] = o * norm;
     }
+    if (n_splits > 1 && threadIdx.x == 0) part.pairs[row] = make_float2(m, total);
 }
 
 // softmax(scale * q.k) . v for query token i (cache slot start + i) and query head h, over
 // the slots j <= start + i of segment 0 or seg[i]; query head h reads KV head
-// h / (n_heads / n_kv_heads). Each warp runs an online softmax over its share of the slots
-// (runs of STEP consecutive ones, every ATTN_WARPS-th run), then the warps' results are merged.
-// Grid (n_tok, n_heads), block ATTN_WARPS * 32; dk, dv multiples of 32, at most 256.
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP)
+// h / (n_heads / n_kv_heads). The slots are cut into gridDim.z splits (flash-decoding), so that a
+// decode step at a long context has blocks for every SM; their length comes from *start_at on
+// the device, so the grid (the host's choice, from the cache's capacity) fits every position a
+// captured step replays at. Each warp of a split runs an online softmax over its share of the
+// split's slots (runs of STEP consecutive ones, every ATTN_WARPS-th run), then the warps' results
+// are merged. One split writes out; more write partials (AttnPartials, in `partials`) for
+// attention_combine, a split past the query's slot only its (-inf, 0) pair.
+// LAUNCH: grid (n_tok, n_heads, n_splits), block ATTN_WARPS * 32 (128), n_splits <= ATTN_MAX_SPLITS;
+// partials: room for n_tok * n_heads * n_splits * (dv + 2) floats when n_splits > 1;
+// dk, dv multiples of 32, at most 256.
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP, 5)
 attention(const float* q, const __half* k_cache, const __half* v_cache, const int* slot_seg,
           const int* seg, float* out, const int* start_at, int n_tok, int n_heads, int n_kv_heads, int dk,
-          int dv, float scale) {
+          int dv, float scale, float* partials) {
     __shared__ AttnMerge merge;
     const int start = *start_at;
     // The other widths keep all ATTN_MAX_PER_LANE dims a lane, so a shorter step keeps their
     // registers (which size the whole kernel's) in check.
     if (dk == 64 && dv == 64)
-        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, start, n_heads, n_kv_heads, 2, 2,
-                  scale, merge);
+        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, partials, start, n_tok, n_heads, n_kv_heads,
+                  2, 2, scale, merge);
     else if (dk == 128 && dv == 128)
-        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, start, n_heads, n_kv_heads, 4, 4,
-                  scale, merge);
+        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, partials, start, n_tok, n_heads, n_kv_heads,
+                  4, 4, scale, merge);
     else
-        attend<2>(q, k_cache, v_cache, slot_seg, seg, out, start, n_heads, n_kv_heads,
+        attend<2>(q, k_cache, v_cache, slot_seg, seg, out, partials, start, n_tok, n_heads, n_kv_heads,
                   dk / WARP, dv / WARP, scale, merge);
+}
+
+// out for (query i, head h) from the n_splits partials `attention` left: each split's sum and
+// weighted V rescaled to the largest max. Splits of weight 0 (past the query's slot, all hidden,
+// or negligible) are skipped, so their acc is never read.
+// LAUNCH: grid (n_tok, n_heads), block 128; n_splits <= ATTN_MAX_SPLITS, as given to `attention`.
+extern "C" __global__ void __launch_bounds__(128)
+attention_combine(float* partials, float* out, int n_tok, int n_splits, int dv) {
+    __shared__ float wt[ATTN_MAX_SPLITS];
+    const int i = blockIdx.x, h = blockIdx.y, n_heads = gridDim.y;
+    const AttnPartials part(partials, n_tok, n_heads, n_splits);
+    const size_t row0 = ((size_t)i * n_heads + h) * n_splits;
+    float m = -INFINITY;
+    for (int s = 0; s < n_splits; ++s) m = fmaxf(m, part.pairs[row0 + s].x);
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) wt[s] = weight_of(part.pairs[row0 + s].x, m);
+    __syncthreads();
+    float total = 0.0f;  // > 0: the split holding the query's own slot sees it
+    for (int s = 0; s < n_splits; ++s) total += wt[s] * part.pairs[row0 + s].y;
+    const float inv_total = 1.0f / total;
+    float* out_row = out + ((size_t)i * n_heads + h) * dv;
+    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < n_splits; ++s)
+            if (wt[s] != 0.0f) o += wt[s] * part.acc[(row0 + s) * dv + c];
+        out_row[c] = o * inv_total;
+    }
 }
 
 // Prefill: ATTN_QT queries of one head per block share each tile of ATTN_KT cache slots, which

@@ -25,6 +25,9 @@ MATVEC_MAX_TOKENS = 8  # kernels/matvec.cu: up to 8 tokens share one pass over t
 MAX_BATCH = 512  # tokens per forward pass; the engine splits longer batches
 TOP_K_MAX = 256  # kernels/sampling.cu top_k
 TILED_ATTENTION_MIN_TOKENS = 64  # below this, 16 queries a block leave the GPU too few blocks
+# kernels/attention.cu below that: the cache's slots split over up to 64 blocks a (query, head), at
+# least 128 slots each, their partial softmaxes in a scratch that bounds the splits of a long batch
+ATTENTION_MAX_SPLITS, ATTENTION_SPLIT_SLOTS, ATTENTION_PARTIALS_BYTES = 64, 128, 4 << 20
 F16_GEMM_MIN_TOKENS = 128  # from here on weights are dequantized once per pass (kernels/gemm_f16.cu)
 W16_MAX_BYTES = 64 << 20  # the f16 copy of weight rows that long-prompt GEMMs work from
 # the per-pass ints a forward pass reads from scratch, in their order there (graph.py stages them)
@@ -114,7 +117,7 @@ class CudaOps:
         # dequantized weight rows for the long-prompt GEMM: the largest matrix, up to a cap (more rows run in turns)
         self._w16_bytes = aligned(min(W16_MAX_BYTES, max((2 * math.prod(shape) for _, shape in tensors if len(shape) == 2), default=0)))
         scratch = (sum(aligned(4 * n) for n in ints.values()) + aligned(8 * 2 * MAX_BATCH) + aligned(8 * TOP_K_MAX + 16)
-                   + self._w16_bytes)
+                   + self._w16_bytes + ATTENTION_PARTIALS_BYTES)
         # three pools: decode-sized buffers (a step's addresses never move), the same for a captured
         # decode step alone (graph.py), and whole-pass ones
         small, large = aligned(2 * MATVEC_MAX_TOKENS * activation_width * 4), aligned(MAX_BATCH * activation_width * 4)
@@ -132,6 +135,7 @@ class CudaOps:
         self._f64 = s.carve(8 * 2 * MAX_BATCH)
         self._top = s.carve(8 * TOP_K_MAX + 16)  # top_k's ids, values and (max, sum of exp)
         self._w16 = s.carve(self._w16_bytes) if self._w16_bytes else 0
+        self._partials = s.carve(ATTENTION_PARTIALS_BYTES)
 
     def _regions(self, sizes: list[tuple[int, str]]) -> list[Region]:
         """One device allocation each; if one fails (memory taken since the plan's check), the
@@ -327,8 +331,12 @@ class CudaOps:
                 PTR(out.ptr), PTR(self._start), INT(t), INT(n_heads), INT(n_kv_heads), INT(dk), INT(dv), F32(scale))
         if t >= TILED_ATTENTION_MIN_TOKENS and dk == dv and dk in (64, 128):
             dev.launch("attention_tiled", (-(-t // 16), n_heads), 128, args)
-        else:  # decode and short batches: a block per (query, head) spreads the slots over its warps
-            dev.launch("attention", (t, n_heads), 128, args)
+        else:  # decode and short batches: blocks per (query, head) split the slots, a fixed grid for graph replays
+            splits = max(1, min(ATTENTION_MAX_SPLITS, -(-cache.shape.capacity // ATTENTION_SPLIT_SLOTS),
+                                ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
+            dev.launch("attention", (t, n_heads, splits), 128, args + (PTR(self._partials),))
+            if splits > 1:
+                dev.launch("attention_combine", (t, n_heads), 128, (PTR(self._partials), PTR(out.ptr), INT(t), INT(splits), INT(dv)))
         return out
 
     def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:
