@@ -148,12 +148,14 @@ def test_an_install_without_kernels(fake, capsys, monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "deepseek3"])
-def test_an_architecture_without_cuda_kernels_is_one_line_on_cuda_and_takes_the_cpu_on_auto(fake, capsys, arch):
+def test_an_architecture_without_cuda_kernels_is_one_line_on_cuda_and_takes_the_cpu_on_auto(fake, capsys, monkeypatch, arch):
     import reflex_engine
+    from reflex_engine.arch import get_arch
 
     fake()
     moe = paths(arch, "Q8_0")[0]
     name = {"deepseek3": "deepseek2"}.get(arch, arch)  # the GGUF architecture of the V3-style file
+    monkeypatch.setattr(get_arch(name), "BACKENDS", ("cpu",))  # as if it had no CUDA kernels (both have them now)
     code, err = run(capsys, "generate", moe, "hi", "--device", "cuda", "-n", "1")
     assert code == 1 and err == [f"reflex: error: {name} runs on the CPU backend for now: use --device cpu"]
     assert create_backend("auto").name == "cuda"  # this fake machine has a usable GPU

@@ -20,7 +20,7 @@ from .config import Meta, read_config, read_moe
 from .weights import TensorDecl
 
 ARCH = "deepseek2"
-BACKENDS = ("cpu",)  # no CUDA kernels for MLA and experts yet
+BACKENDS = ("cpu", "cuda")
 TENSORS = MODEL_TENSORS
 
 

@@ -11,7 +11,7 @@ from .blocks import ATTENTION_TENSORS, MODEL_TENSORS, MOE_TENSORS, QK_NORM_TENSO
 from .config import read_config, read_moe
 
 ARCH = "qwen3moe"
-BACKENDS = ("cpu",)  # no CUDA kernels for routing and experts yet
+BACKENDS = ("cpu", "cuda")
 TENSORS = MODEL_TENSORS
 LAYER_TENSORS = ATTENTION_TENSORS + QK_NORM_TENSORS + MOE_TENSORS
 forward = decoder_forward

@@ -16,7 +16,7 @@ constexpr int ROUTE_MAX_USED = 64;
 constexpr int ROUTE_MAX_GROUPS = 64;
 
 // numpy's argsort(-s, kind="stable") order: larger first, NaN after everything, ties by the lower index.
-__device__ __forceinline__ bool ranks_before(float a, int i, float b, int j) {
+__device__ __forceinline__ bool route_before(float a, int i, float b, int j) {
     if (isnan(a)) return isnan(b) && i < j;
     if (isnan(b)) return true;
     return a > b || (a == b && i < j);
@@ -25,7 +25,7 @@ __device__ __forceinline__ bool ranks_before(float a, int i, float b, int j) {
 // The position of s[i] among s[0..n-1] in that order (a total order, so positions are distinct).
 __device__ __forceinline__ int rank_of(const float* s, int i, int n) {
     int r = 0;
-    for (int j = 0; j < n; ++j) r += ranks_before(s[j], j, s[i], i);
+    for (int j = 0; j < n; ++j) r += route_before(s[j], j, s[i], i);
     return r;
 }
 
@@ -62,8 +62,8 @@ moe_route(const float* logits, const float* bias, int* experts, float* weights, 
             const float* g = scores + threadIdx.x * size;
             int best = 0, second = -1;
             for (int j = 1; j < size; ++j) {
-                if (ranks_before(g[j], j, g[best], best)) second = best, best = j;
-                else if (second < 0 || ranks_before(g[j], j, g[second], second)) second = j;
+                if (route_before(g[j], j, g[best], best)) second = best, best = j;
+                else if (second < 0 || route_before(g[j], j, g[second], second)) second = j;
             }
             group_score[threadIdx.x] = second < 0 ? g[best] : g[best] + g[second];
         }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import mmap
 import os
 from typing import NamedTuple, Sequence
 
@@ -14,6 +15,7 @@ from ...errors import ReflexError
 from ...gguf import GGMLType, tensor_nbytes
 from ...ops import Batch, CacheShape, Rope, RopeMode, StateArray
 from .device import F32, F64, I64, INT, PTR, Device
+from .experts import ExpertOps, yarn_args
 from .memory import Plan, Pool, Region, Tensor, aligned
 from .upload import Copy, Upload
 
@@ -54,9 +56,16 @@ class Weight(NamedTuple):
 
 class KVCache(NamedTuple):
     k: list[int]  # per layer: f16 (capacity, k_width)
-    v: list[int]  # per layer: f16 (capacity, v_width)
+    v: list[int]  # per layer: f16 (capacity, v_width); latent (MLA): 0, the values are k's first v_width
     segments: int  # int32 (capacity,): the segment of each written slot
     shape: CacheShape
+
+    def arrays(self, layer: int) -> tuple[tuple[str, int, int], ...]:
+        """The layer's arrays as KV state files name them: (kind, device address, width)."""
+        s = self.shape
+        if s.latent:
+            return (("kv", self.k[layer], s.k_width),)
+        return (("k", self.k[layer], s.k_width), ("v", self.v[layer], s.v_width))
 
 
 def device_nbytes(ggml_type: GGMLType, shape: tuple[int, ...]) -> int:
@@ -86,7 +95,7 @@ def buffer_address(view: memoryview) -> int:
         ctypes.pythonapi.PyBuffer_Release(ctypes.byref(buf))
 
 
-class CudaOps:
+class CudaOps(ExpertOps):
     name = "cuda"
     max_batch = MAX_BATCH
 
@@ -112,7 +121,8 @@ class CudaOps:
     def reserve(self, tensors: Sequence[tuple[GGMLType, tuple[int, ...]]], cache: CacheShape, activation_width: int) -> None:
         """Check that the weights, a cache of `cache`'s shape and the activation buffers fit in free
         device memory, then take all three (activation_width: float32 values live per token)."""
-        kv_bytes = cache.n_layers * aligned(cache.capacity * (cache.k_width + cache.v_width) * 2) + aligned(4 * cache.capacity)
+        row_width = cache.k_width + (0 if cache.latent else cache.v_width)  # a latent row holds its values
+        kv_bytes = cache.n_layers * aligned(cache.capacity * row_width * 2) + aligned(4 * cache.capacity)
         ints = {**{kind: 1 if kind == "start" else MAX_BATCH for kind in STEP_INTS}, "pairs": MAX_BATCH, "history": cache.capacity}
         # dequantized weight rows for the long-prompt GEMM: the largest matrix, up to a cap (more rows run in turns)
         self._w16_bytes = aligned(min(W16_MAX_BYTES, max((2 * math.prod(shape) for _, shape in tensors if len(shape) == 2), default=0)))
@@ -157,16 +167,18 @@ class CudaOps:
             host, ggml_type = _dequantized(data, ggml_type, "<f4"), GGMLType.F32
         elif len(shape) > 1 and ggml_type not in KERNEL_TYPES:
             host, ggml_type = _dequantized(data, ggml_type, "<f2"), GGMLType.F16
-        else:  # the stored blocks, straight from the file mapping: commit_weights copies them
-            view = memoryview(data).cast("B")
+        else:
+            host = data
+        view = memoryview(host).cast("B")
+        if isinstance(view.obj, mmap.mmap):  # the stored blocks in a file mapping: commit_weights copies them
             self._pending.append((Copy(ptr, buffer_address(view), view.nbytes), view))  # the view keeps data alive
             return Weight(ptr, ggml_type, shape)
-        view = memoryview(host).cast("B")
         self.device.upload(ptr, buffer_address(view), view.nbytes)  # pageable: staged before it returns
         return Weight(ptr, ggml_type, shape)
 
     def commit_weights(self) -> int:
         """Start the copies (upload.py) and return: each op waits for its own weights."""
+        self.weights_arrived()  # an earlier commit's copies first
         if not self._pending:
             return 0
         self._upload = Upload(self.device, [copy for copy, _ in self._pending])
@@ -176,8 +188,6 @@ class CudaOps:
 
     def weights_arrived(self) -> float | None:
         if self._upload is not None:
-            for i, _ in self._arriving.values():
-                self._upload.wait(i, self.device.stream)
             self._arriving = {}
             self._upload_ms, self._upload = self._upload.finish(), None
         return self._upload_ms
@@ -187,7 +197,7 @@ class CudaOps:
         if self._arriving:
             arriving = self._arriving.pop(weight.ptr, None)
             if arriving is not None:
-                self._upload.wait(arriving[0], self.device.stream)
+                self._upload.wait(arriving[0])
         return weight.ptr
 
     def replayable(self, forward):
@@ -200,7 +210,7 @@ class CudaOps:
     def new_kv_cache(self, shape: CacheShape) -> KVCache:
         c = self._cache
         k = [c.carve(shape.capacity * shape.k_width * 2) for _ in range(shape.n_layers)]
-        v = [c.carve(shape.capacity * shape.v_width * 2) for _ in range(shape.n_layers)]
+        v = [0 if shape.latent else c.carve(shape.capacity * shape.v_width * 2) for _ in range(shape.n_layers)]
         return KVCache(k, v, c.carve(4 * shape.capacity), shape)
 
     def from_host(self, x) -> Tensor:
@@ -239,7 +249,7 @@ class CudaOps:
     def embed(self, table: Weight, tokens: Sequence[int]) -> Tensor:
         out = self._new(len(tokens), table.n_cols)
         arriving = self._arriving.get(table.ptr)
-        if arriving is not None and not self._upload.queued(arriving[0]):
+        if arriving is not None:
             # the table is still in flight (it goes last: a pass reads only the prompt's rows of it):
             # those rows go up from the file mapping, packed in an activation buffer, which holds
             # 4 bytes a column and so any stored row
@@ -310,10 +320,11 @@ class CudaOps:
             self._positions = (positions, self._upload_ints("positions", positions))
         out = self._new(x.rows, x.cols)
         block = min(256, 32 * -(-(rope.n_rot // 2) // 32))
-        self.device.launch("rope_f32", (x.rows, x.cols // head_dim), block,
+        yarn = rope.ext_factor != 0.0 or rope.magnitude != 1.0  # deepseek2's YaRN: kernels/mla.cu
+        self.device.launch("rope_yarn_f32" if yarn else "rope_f32", (x.rows, x.cols // head_dim), block,
                            (PTR(x.ptr), PTR(out.ptr), PTR(self._positions[1]), PTR(self._ready(freq_factors) if freq_factors else 0),
                             INT(head_dim), INT(rope.n_rot), INT(rope.mode is RopeMode.NEOX), F64(rope.base),
-                            F64(rope.freq_scale)))
+                            F64(rope.freq_scale)) + (yarn_args(rope) if yarn else ()))
         return out
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: KVCache, layer: int, batch: Batch,
@@ -391,7 +402,7 @@ class CudaOps:
 
     def export_cache(self, cache: KVCache, n_tokens: int):
         for i in range(cache.shape.n_layers):
-            for kind, ptr, width in (("k", cache.k[i], cache.shape.k_width), ("v", cache.v[i], cache.shape.v_width)):
+            for kind, ptr, width in cache.arrays(i):
                 host = bytearray(2 * n_tokens * width)  # slots 0..n-1 are the first rows: one copy
                 if host:
                     self.device.download(buffer_address(memoryview(host)), ptr, len(host))
@@ -402,19 +413,20 @@ class CudaOps:
         CPU) pass through activation buffers and kv_store, which rounds them as a pass does."""
         dev, shape = self.device, cache.shape
         for i in range(shape.n_layers):
-            k, v = arrays[f"blk.{i}.k"], arrays[f"blk.{i}.v"]
-            if k.dtype == "f16":
-                for a, ptr in ((k, cache.k[i]), (v, cache.v[i])):
+            parts = [(arrays[f"blk.{i}.{kind}"], ptr) for kind, ptr, _ in cache.arrays(i)]
+            if parts[0][0].dtype == "f16":
+                for a, ptr in parts:
                     view = memoryview(a.data).cast("B")
                     dev.upload(ptr, buffer_address(view), view.nbytes)  # pageable: staged before it returns
                 continue
             for a in range(0, n_tokens, MAX_BATCH):
                 rows = min(MAX_BATCH, n_tokens - a)
-                kt, vt = (self._rows_from_host(x, a, rows) for x in (k, v))
+                kt = self._rows_from_host(parts[0][0], a, rows)
+                vt = self._rows_from_host(parts[1][0], a, rows) if len(parts) > 1 else kt  # latent: no value rows
                 segs, start = self._upload_ints("segments", [0] * rows), self._upload_ints("start", [a])
                 dev.launch("kv_store", (rows,), 256, (PTR(kt.ptr), PTR(vt.ptr), PTR(cache.k[i]), PTR(cache.v[i]),
                                                       PTR(cache.segments), PTR(segs), PTR(start), INT(rows),
-                                                      INT(shape.k_width), INT(shape.v_width)))
+                                                      INT(shape.k_width), INT(0 if shape.latent else shape.v_width)))
                 del kt, vt
         if n_tokens:
             dev.drv.cuMemsetD32Async(cache.segments, 0, n_tokens, dev.stream)

@@ -1,0 +1,125 @@
+"""CudaOps's mixture-of-experts and latent-attention ops (kernels/moe.cu, kernels/mla.cu).
+
+The router's choice stays on the device: Routes hold two activation buffers, the expert ids (int32
+bits) and their weights, and the expert kernels read the ids there. No op here synchronises or
+decides anything on the host from device data, so a decode step is captured as a CUDA graph.
+A stacked weight (3-D: ggml {n_cols, n_rows, n}) is n matrices, each one's blocks contiguous.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from ...errors import ReflexError
+from ...gguf import tensor_nbytes
+from ...ops import Batch, Gating, Rope, Routes, Routing
+from .device import F32, F64, I64, INT, PTR
+
+MOE_WARPS = 4  # kernels/moe.cu: output rows per block
+ROUTE_THREADS, ROUTE_MAX_EXPERTS, ROUTE_MAX_USED, ROUTE_MAX_GROUPS = 256, 1024, 64, 64  # kernels/moe.cu
+MLA_MAX_WIDTH = 576  # kernels/mla.cu: 18 features a lane
+
+
+def matrix_bytes(weight) -> int:
+    """Bytes between consecutive matrices of a stacked weight, as stored on the device."""
+    return tensor_nbytes(weight.ggml_type, weight.shape[:2])
+
+
+def yarn_args(rope: Rope) -> tuple:
+    """kernels/mla.cu rope_yarn_f32's arguments after rope_f32's: ggml's rope_yarn_corr_dims."""
+    def corr_dim(beta: float) -> float:
+        return rope.n_rot * math.log(rope.n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(rope.base))
+
+    low = max(0.0, math.floor(corr_dim(rope.beta_fast))) if rope.ext_factor else 0.0
+    high = min(rope.n_rot - 1.0, math.ceil(corr_dim(rope.beta_slow))) if rope.ext_factor else 0.0
+    return F64(rope.ext_factor), F64(low), F64(high), F64(rope.magnitude)
+
+
+class ExpertOps:
+    """Mixed into CudaOps: uses its device, activation pools (_new), weight readiness (_ready) and
+    per-pass ints (_upload_ints)."""
+
+    def route(self, logits, routing: Routing, bias=None) -> Routes:
+        t, n_expert = logits.rows, logits.cols
+        if n_expert > ROUTE_MAX_EXPERTS or routing.n_used > ROUTE_MAX_USED or routing.n_groups > ROUTE_MAX_GROUPS:
+            raise ReflexError(f"{n_expert} experts, {routing.n_used} used, in {routing.n_groups} groups: the CUDA router "
+                              f"takes at most {ROUTE_MAX_EXPERTS}, {ROUTE_MAX_USED} and {ROUTE_MAX_GROUPS}")
+        experts, weights = self._new(t, routing.n_used), self._new(t, routing.n_used)  # experts: int32 bits
+        scale = 1.0 if routing.scale in (0.0, 1.0) else routing.scale
+        self.device.launch("moe_route", (t,), ROUTE_THREADS,
+                           (PTR(logits.ptr), PTR(self._ready(bias) if bias is not None else 0), PTR(experts.ptr),
+                            PTR(weights.ptr), INT(n_expert), INT(routing.n_used), INT(routing.gating is Gating.SIGMOID),
+                            INT(routing.norm), F32(scale), INT(routing.n_groups), INT(routing.n_groups_used)))
+        return Routes(experts, weights)
+
+    def moe_ffn(self, x, routes: Routes, *, gate, up, down):
+        experts, weights = routes
+        t, k = experts.rows, experts.cols
+        h = self.swiglu(self._stacked_matvec(x, gate, k, experts), self._stacked_matvec(x, up, k, experts))  # (T, k*F)
+        out = self._new(t, down.n_rows)
+        self.device.launch(_kernel("experts_down", down), (t, -(-down.n_rows // MOE_WARPS)), 32 * MOE_WARPS,
+                           (PTR(self._ready(down)), I64(matrix_bytes(down)), PTR(experts.ptr), PTR(weights.ptr),
+                            PTR(h.ptr), PTR(out.ptr), INT(down.n_rows), INT(down.n_cols), INT(k)))
+        return out
+
+    def head_matmul(self, x, weight):
+        n_heads = weight.shape[2]
+        if x.cols != n_heads * weight.n_cols:
+            raise ReflexError(f"internal error: head_matmul of width {x.cols} with {n_heads} heads of {weight.n_cols} columns")
+        return self._stacked_matvec(x, weight, n_heads)
+
+    def _stacked_matvec(self, x, weight, n_slots: int, ids=None):
+        """(T, n_slots * n_rows): per token t and slot j, matrix ids[t, j] of the stacked weight times
+        x's row t (experts), or without ids matrix j times the row's j-th slice (heads)."""
+        out = self._new(x.rows, n_slots * weight.n_rows)
+        self.device.launch(_kernel("stacked_matvec", weight), (x.rows * n_slots, -(-weight.n_rows // MOE_WARPS)),
+                           32 * MOE_WARPS,
+                           (PTR(self._ready(weight)), I64(matrix_bytes(weight)), PTR(ids.ptr if ids is not None else 0),
+                            PTR(x.ptr), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols), INT(n_slots), INT(x.cols),
+                            INT(0 if ids is not None else weight.n_cols)))
+        return out
+
+    def split(self, x, n_heads: int, widths: Sequence[int]):
+        total, offset, parts = sum(widths), 0, []
+        for w in widths:
+            part = self._new(x.rows, n_heads * w)
+            self._copy_heads(x, total, offset, part, w, 0, w, x.rows * n_heads)
+            parts.append(part)
+            offset += w
+        return tuple(parts)
+
+    def concat(self, parts, n_heads: int):
+        widths = [p.cols // n_heads for p in parts]
+        total, offset = sum(widths), 0
+        out = self._new(parts[0].rows, n_heads * total)
+        for p, w in zip(parts, widths):
+            self._copy_heads(p, w, 0, out, total, offset, w, p.rows * n_heads)
+            offset += w
+        return out
+
+    def _copy_heads(self, src, src_width, src_offset, dst, dst_width, dst_offset, width, n_rows) -> None:
+        self.device.launch("copy_heads_f32", (n_rows,), 128, (PTR(src.ptr), PTR(dst.ptr), INT(src_width), INT(src_offset),
+                                                             INT(dst_width), INT(dst_offset), INT(width)))
+
+    def latent_attention(self, q, kv, *, cache, layer: int, batch: Batch, n_heads: int, v_width: int, scale: float):
+        dev, t, width = self.device, q.rows, kv.cols
+        if not v_width <= width <= MLA_MAX_WIDTH or q.cols != n_heads * width:
+            raise ReflexError(f"latent attention over rows of {width} (values {v_width}): the CUDA kernel takes rows of at "
+                              f"most {MLA_MAX_WIDTH}")
+        if layer == 0:  # every layer's pass has the same slots
+            self._segments = self._upload_ints("segments", batch.segments)
+            self._start = self._upload_ints("start", [batch.start])
+        # attention.cu's kv_store, with no value rows: the values are the cached rows' first v_width
+        dev.launch("kv_store", (t,), 256, (PTR(kv.ptr), PTR(0), PTR(cache.k[layer]), PTR(0), PTR(cache.segments),
+                                           PTR(self._segments), PTR(self._start), INT(t), INT(width), INT(0)))
+        out = self._new(t, n_heads * v_width)
+        dev.launch("latent_attention", (t, n_heads), 128,
+                   (PTR(q.ptr), PTR(cache.k[layer]), PTR(cache.segments), PTR(self._segments), PTR(out.ptr),
+                    PTR(self._start), INT(n_heads), INT(width), INT(v_width), F32(scale)))
+        return out
+
+
+def _kernel(name: str, weight) -> str:
+    from .ops import kernel_suffix  # here, not at the top: ops.py imports this module
+
+    return f"{name}_{kernel_suffix(weight.ggml_type)}"

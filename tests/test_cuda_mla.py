@@ -1,0 +1,113 @@
+"""Multi-head latent attention on CUDA (kernels/mla.cu, the per-head matrices of kernels/moe.cu)
+against the numpy backend: split, concat, head_matmul, YaRN RoPE, the latent cache and attention
+over it, its KV state arrays; then deepseek2 (V2-Lite-style, YaRN) and deepseek3 (V3-style) against
+transformers on the device, and their decode replayed as a CUDA graph against eager launches."""
+import numpy as np
+import pytest
+
+import reflex_engine
+from reflex_engine.check import TOLERANCE, check_against_reference
+from reflex_engine.gguf import GGML_BLOCK, GGMLType
+from reflex_engine.ops import Batch, CacheShape, Rope, RopeMode, StateArray
+from test_cuda_moe import decode_with_and_without_graphs
+from test_cuda_ops import KERNEL_TYPES, cpu, f16_rounded, gpu, host, loaded, random_weight, rel_err  # noqa: F401 (gpu: a fixture)
+from test_goldens import paths
+
+pytestmark = pytest.mark.gpu
+
+rng = np.random.default_rng()
+VARIANTS = [("deepseek3", "F32"), ("deepseek3", "Q8_0"), ("deepseek2", "F32"), ("deepseek2", "Q8_0")]
+
+
+@pytest.mark.parametrize("n_heads,widths", [(1, (32, 16)), (2, (5, 2)), (16, (128, 64)), (128, (512, 64))])
+@pytest.mark.parametrize("n_tok", [1, 9, 77])
+def test_split_and_concat_match_the_cpu(gpu, n_heads, widths, n_tok):
+    x = rng.standard_normal((n_tok, n_heads * sum(widths))).astype(np.float32)
+    parts = gpu.split(host(gpu, x), n_heads, widths)
+    for got, want in zip(parts, cpu.split(x, n_heads, widths)):
+        np.testing.assert_array_equal(gpu.to_host(got), want)
+    np.testing.assert_array_equal(gpu.to_host(gpu.concat(parts, n_heads)), x)
+
+
+@pytest.mark.parametrize("qtype", KERNEL_TYPES)
+@pytest.mark.parametrize("n_tok", [1, 8, 77])
+def test_head_matmul_matches_the_cpu(gpu, qtype, n_tok):
+    n_heads = 3
+    # (out, in) per head: MLA's attn_k_b (kv_lora, nope) and attn_v_b (v_head, kv_lora) shapes, ragged for floats
+    shapes = [(72, 40), (40, 200)] if GGML_BLOCK[GGMLType[qtype]][0] == 1 else [(64, 256), (256, 512)]
+    for n_out, n_in in shapes:
+        data, shape = random_weight(qtype, n_heads * n_out, n_in), (n_in, n_out, n_heads)
+        w_cpu, w_gpu = cpu.load_weight("w", GGMLType[qtype], shape, data), loaded(gpu, "w", GGMLType[qtype], shape, data)
+        x = rng.standard_normal((n_tok, n_heads * n_in)).astype(np.float32)
+        assert rel_err(gpu.to_host(gpu.head_matmul(host(gpu, x), w_gpu)), cpu.head_matmul(x, w_cpu)) < 1e-5
+
+
+@pytest.mark.parametrize("rope", [
+    Rope(RopeMode.NORM, 16, 10000.0, 0.125, ext_factor=1.0, n_ctx_orig=64),  # the deepseek2 fixture's
+    Rope(RopeMode.NORM, 64, 10000.0, 1 / 40, ext_factor=1.0, n_ctx_orig=4096, magnitude=1.37),  # DeepSeek-V3's
+    Rope(RopeMode.NEOX, 32, 500000.0, 1.0, magnitude=1.2),  # a magnitude alone
+])
+def test_yarn_rope_matches_the_cpu(gpu, rope):
+    head_dim = rope.n_rot + 16  # the dims past n_rot pass through
+    x = rng.standard_normal((6, 3 * head_dim)).astype(np.float32)
+    positions = [0, 1, 2, 37, 300, 4095]
+    got = gpu.to_host(gpu.rope(host(gpu, x), positions, head_dim, rope))
+    np.testing.assert_allclose(got, cpu.rope(x, positions, head_dim, rope), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_heads,width,v_width", [(2, 48, 32), (16, 576, 512), (3, 100, 60)])
+@pytest.mark.parametrize("segments", ["causal", "system1"])
+@pytest.mark.parametrize("t", [1, 5, 70])
+def test_latent_attention_prefill_then_decode(gpu, n_heads, width, v_width, segments, t):
+    """A prompt, then decode steps into the same latent cache. Its rows are f16 on the device, so the
+    reference gets the same rounded values; what remains is float32 summation order."""
+    n_prompt = 2 * t // 3
+    seg = [0] * t if segments == "causal" else [0] * n_prompt + [1 + (i // 7) for i in range(t - n_prompt)]
+    shape = CacheShape(1, 160, width, v_width, latent=True)
+    c_cpu, c_gpu = cpu.new_kv_cache(shape), gpu.new_kv_cache(shape)
+    q = rng.standard_normal((t + 3, n_heads * width)).astype(np.float32)
+    kv = f16_rounded(rng.standard_normal((t + 3, width)).astype(np.float32))
+    kw = dict(layer=0, n_heads=n_heads, v_width=v_width, scale=width**-0.5)
+    steps = [(0, t, Batch(range(t), range(t), seg, 0))] + [(i, i + 1, Batch.causal([0], i)) for i in range(t, t + 3)]
+    for a, b, batch in steps:
+        ref = cpu.latent_attention(q[a:b], kv[a:b], cache=c_cpu, batch=batch, **kw)
+        gpu.poison()
+        dq, dkv = (gpu.from_host(np.ascontiguousarray(m[a:b])) for m in (q, kv))
+        got = gpu.to_host(gpu.latent_attention(dq, dkv, cache=c_gpu, batch=batch, **kw))
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5)
+
+
+def test_latent_cache_state_arrays_round_trip(gpu):
+    """One `blk.{i}.kv` array a layer, nothing for values: imported from the CPU's f32 (rounded to
+    f16 as a pass stores it) or from f16, exported as f16."""
+    n, width = 37, 48
+    shape = CacheShape(2, 64, width, 32, latent=True)
+    rows = [rng.standard_normal((n, width)).astype(np.float32) for _ in range(2)]
+    for dtype in ("f32", "f16"):
+        cache = gpu.new_kv_cache(shape)
+        arrays = {f"blk.{i}.kv": StateArray(f"blk.{i}.kv", dtype, (n, width), r.astype("<f4" if dtype == "f32" else "<f2"))
+                  for i, r in enumerate(rows)}
+        gpu.import_cache(cache, arrays, n)
+        out = list(gpu.export_cache(cache, n))
+        assert [(a.name, a.dtype, a.shape) for a in out] == [("blk.0.kv", "f16", (n, width)), ("blk.1.kv", "f16", (n, width))]
+        for a, r in zip(out, rows):
+            np.testing.assert_array_equal(np.frombuffer(bytes(a.data), "<f2").reshape(n, width), r.astype("<f2"))
+
+
+@pytest.mark.parametrize("variant,qtype", VARIANTS)
+def test_deepseek_on_cuda_matches_transformers(variant, qtype):
+    model_path, golden_path = paths(variant, qtype)
+    model = reflex_engine.load(model_path, device="cuda")
+    report = check_against_reference(model, golden_path)
+    assert report.tolerance == TOLERANCE["cuda"]
+    assert report.ok, "\n".join(report.lines)
+    assert report.n_prompts == (6 if variant == "deepseek2" else 5)
+    assert sum("greedy" in line and "identical" in line for line in report.lines) == 2
+
+
+@pytest.mark.parametrize("variant", ["deepseek2", "deepseek3"])
+def test_deepseek_decode_replayed_as_a_cuda_graph_equals_eager_decode(monkeypatch, variant):
+    graphed, eager = decode_with_and_without_graphs(monkeypatch, paths(variant, "Q8_0")[0])
+    for (tokens, logprobs), (want_tokens, want_logprobs) in zip(graphed, eager):
+        assert tokens == want_tokens
+        assert logprobs == pytest.approx(want_logprobs, abs=1e-6)

@@ -1,0 +1,166 @@
+"""Mixture of experts on CUDA (kernels/moe.cu) against the numpy backend: the router (ties, groups,
+the selection bias, scaling) and the experts (every weight type, tokens sharing experts, experts
+nobody picks), then qwen3moe against transformers on the device and its decode replayed as a CUDA
+graph against eager launches."""
+from functools import cache
+
+import numpy as np
+import pytest
+
+import reflex_engine
+from reflex_engine.check import TOLERANCE, check_against_reference
+from reflex_engine.gguf import GGML_BLOCK, GGMLType
+from reflex_engine.ops import Gating, Routes, Routing
+from reflex_engine.sampling import SamplingParams
+from test_cuda_ops import KERNEL_TYPES, cpu, gpu, host, loaded, random_weight, rel_err  # noqa: F401 (gpu: a fixture)
+from test_goldens import paths
+
+pytestmark = pytest.mark.gpu
+
+rng = np.random.default_rng()
+ROUTINGS = {
+    "softmax-norm": Routing(8, norm=True),  # qwen3moe
+    "softmax-scaled": Routing(6, scale=2.0),  # DeepSeek-V2
+    "sigmoid-groups": Routing(8, Gating.SIGMOID, norm=True, scale=2.5, n_groups=8, n_groups_used=4),  # DeepSeek-V3
+    "sigmoid-2-of-8-groups": Routing(2, Gating.SIGMOID, n_groups=8, n_groups_used=2),  # of one expert each at 8
+}
+
+
+def gpu_routes(gpu, logits, routing, bias=None):
+    """The device's Routes, as host arrays: ids (int32 bits in their buffer) and weights."""
+    bias_gpu = None if bias is None else loaded(gpu, "b", GGMLType.F32, (len(bias),), bias.tobytes())
+    routes = gpu.route(host(gpu, logits), routing, bias_gpu)
+    return gpu.to_host(routes.experts).view(np.int32), gpu.to_host(routes.weights)
+
+
+def check_route(gpu, logits, routing, bias=None):
+    experts, weights = gpu_routes(gpu, logits, routing, bias)
+    want = cpu.route(logits, routing, bias)
+    np.testing.assert_array_equal(experts, want.experts)
+    np.testing.assert_allclose(weights, want.weights, rtol=1e-5, atol=1e-7)
+    return experts
+
+
+@pytest.mark.parametrize("name", ROUTINGS)
+@pytest.mark.parametrize("n_expert", [8, 64, 256, 1024])
+@pytest.mark.parametrize("n_tok", [1, 5, 77])
+def test_route_matches_the_cpu(gpu, name, n_expert, n_tok):
+    routing = ROUTINGS[name]
+    if routing.n_used > n_expert // routing.n_groups * routing.n_groups_used:
+        pytest.skip("more experts used than the kept groups hold")
+    logits = rng.standard_normal((n_tok, n_expert)).astype(np.float32) * 3
+    bias = rng.standard_normal(n_expert).astype(np.float32) * 0.1 if routing.gating is Gating.SIGMOID else None
+    check_route(gpu, logits, routing, bias)
+
+
+@pytest.mark.parametrize("name", ROUTINGS)
+def test_ties_in_router_scores_pick_the_lower_expert_id_as_the_cpu_does(gpu, name):
+    routing = ROUTINGS[name]
+    n_expert = 64
+    equal = np.zeros((3, n_expert), np.float32)  # every expert ties: the first n_used
+    assert (check_route(gpu, equal, routing) == np.arange(routing.n_used)).all()
+    few_values = rng.integers(0, 3, (40, n_expert)).astype(np.float32)  # many ties at every rank
+    check_route(gpu, few_values, routing)
+    if routing.gating is Gating.SIGMOID:  # ties made by the bias, on scores the probabilities do not share
+        bias = np.where(np.arange(n_expert) % 2, 0.5, 0.0).astype(np.float32)
+        check_route(gpu, np.zeros((3, n_expert), np.float32), routing, bias)
+
+
+def test_route_of_no_tokens(gpu):
+    experts, weights = gpu_routes(gpu, np.zeros((0, 8), np.float32), Routing(2, norm=True))
+    assert experts.shape == weights.shape == (0, 2)
+
+
+def stacked(gpu, qtype, n_expert, n_rows, n_cols):
+    """(n_expert, n_rows, n_cols) experts on both backends: ggml shape {n_cols, n_rows, n_expert}."""
+    data = random_weight(qtype, n_expert * n_rows, n_cols)
+    t, shape = GGMLType[qtype], (n_cols, n_rows, n_expert)
+    return cpu.load_weight("w", t, shape, data), loaded(gpu, "w", t, shape, data)
+
+
+@cache  # one set per type: the test's weight region does not hold one per parametrization
+def experts_for(gpu, qtype, n_expert):
+    # K-quant rows are whole 256-blocks; the float types get ragged widths
+    e, f = (200, 72) if GGML_BLOCK[GGMLType[qtype]][0] == 1 else (512, 256)
+    return e, [stacked(gpu, qtype, n_expert, *shape) for shape in ((f, e), (f, e), (e, f))]
+
+
+def device_routes(gpu, experts, weights):
+    return Routes(gpu.from_host(np.ascontiguousarray(experts, np.int32).view(np.float32)),
+                  gpu.from_host(np.ascontiguousarray(weights, np.float32)))
+
+
+def check_moe(gpu, x, experts, weights, mats):
+    (g_cpu, g_gpu), (u_cpu, u_gpu), (d_cpu, d_gpu) = mats
+    want = cpu.moe_ffn(x, Routes(experts, weights), gate=g_cpu, up=u_cpu, down=d_cpu)
+    gpu.poison()
+    dx = gpu.from_host(x)
+    got = gpu.to_host(gpu.moe_ffn(dx, device_routes(gpu, experts, weights), gate=g_gpu, up=u_gpu, down=d_gpu))
+    assert rel_err(got, want) < 1e-5
+    return got
+
+
+@pytest.mark.parametrize("qtype", KERNEL_TYPES)
+@pytest.mark.parametrize("n_tok", [1, 3, 8, 9, 77])
+def test_moe_ffn_matches_the_cpu(gpu, qtype, n_tok):
+    n_expert, k = 8, 3
+    e, mats = experts_for(gpu, qtype, n_expert)
+    x = rng.standard_normal((n_tok, e)).astype(np.float32)
+    experts = np.stack([rng.permutation(n_expert)[:k] for _ in range(n_tok)])
+    weights = rng.uniform(0, 1, (n_tok, k)).astype(np.float32)
+    check_moe(gpu, x, experts, weights, mats)
+
+
+def test_every_token_to_one_expert_and_experts_nobody_picks(gpu):
+    """Unpicked experts are never read: NaN in them changes nothing."""
+    n_expert, e, f, n_tok = 6, 64, 32, 9
+    mats = []
+    for n_rows, n_cols in ((f, e), (f, e), (e, f)):
+        w = rng.standard_normal((n_expert, n_rows, n_cols)).astype(np.float32)
+        w[[0, 2, 4, 5]] = np.nan
+        data, shape = w.tobytes(), (n_cols, n_rows, n_expert)
+        mats.append((cpu.load_weight("w", GGMLType.F32, shape, data), loaded(gpu, "w", GGMLType.F32, shape, data)))
+    x = rng.standard_normal((n_tok, e)).astype(np.float32)
+    logits = np.zeros((n_tok, n_expert), np.float32)
+    logits[:, 3], logits[:, 1] = 20, 10  # every token's first and second choice
+    for routing in (Routing(2), Routing(1, norm=True)):
+        experts, weights = gpu_routes(gpu, logits, routing)
+        assert (experts == [3, 1][: routing.n_used]).all()
+        got = check_moe(gpu, x, experts, weights, mats)
+        assert np.isfinite(got).all()
+
+
+@pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0", "Q4_0"])
+def test_qwen3moe_on_cuda_matches_transformers(qtype):
+    model_path, golden_path = paths("qwen3moe", qtype)
+    model = reflex_engine.load(model_path, device="cuda")
+    report = check_against_reference(model, golden_path)
+    assert report.tolerance == TOLERANCE["cuda"]
+    assert report.ok, "\n".join(report.lines)
+    assert sum("greedy" in line and "identical" in line for line in report.lines) == 2
+
+
+def decode_with_and_without_graphs(monkeypatch, path):
+    """Greedy tokens and their log-probabilities from a model whose decode steps replay a CUDA
+    graph, and from one that launches every kernel (REFLEX_CUDA_GRAPHS=0)."""
+    runs = []
+    for graphs in ("1", "0"):
+        monkeypatch.setenv("REFLEX_CUDA_GRAPHS", graphs)
+        model = reflex_engine.load(path, device="cuda", n_ctx=256)
+        out = []
+        for prompt in ("The capital of France is", "Once upon a time"):  # the second replays the first's graph
+            gen = model.generate(prompt, max_tokens=40, sampling=SamplingParams(temperature=0), ignore_eos=True, logprobs=True)
+            events = [e for e in gen if e.id is not None]
+            out.append(([e.id for e in events], [e.logprob for e in events]))
+        assert (type(model._decode_step).__name__ == "DecodeGraph") == (graphs == "1")
+        if graphs == "1":
+            assert model._decode_step._exec is not None
+        runs.append(out)
+    return runs
+
+
+def test_qwen3moe_decode_replayed_as_a_cuda_graph_equals_eager_decode(monkeypatch):
+    graphed, eager = decode_with_and_without_graphs(monkeypatch, paths("qwen3moe", "Q8_0")[0])
+    for (tokens, logprobs), (want_tokens, want_logprobs) in zip(graphed, eager):
+        assert tokens == want_tokens
+        assert logprobs == pytest.approx(want_logprobs, abs=1e-6)
