@@ -70,7 +70,7 @@ def test_small_copies_go_first_then_chunks_in_the_copies_order_and_empty_ones_ar
 
 class FakeDriver:
     """Copies at once (so an enqueued copy has landed) into host memory standing for the device;
-    records which chunks' events exist when a stream is told to wait for one."""
+    checks that an event waited for has been recorded."""
 
     def __init__(self, rng: random.Random, fail_copy_at: int | None = None):
         self.rng, self.fail_copy_at, self.copies = rng, fail_copy_at, 0
@@ -105,9 +105,9 @@ class FakeDriver:
         with self.lock:
             self.recorded.add(event.value)
 
-    def cuStreamWaitEvent(self, stream, event, flags):
+    def cuEventSynchronize(self, event):
         with self.lock:
-            assert event.value in self.recorded, "a stream waited for an event not yet recorded (a no-op wait)"
+            assert event.value in self.recorded, "a wait for an event not yet recorded (it would return at once)"
             self.waited.append(event.value)
 
 
@@ -142,7 +142,7 @@ def test_a_copy_waited_for_has_landed_and_every_byte_arrives(seed, monkeypatch):
     up = Upload(FakeDevice(drv), copies, threads=rng.choice([1, 2, 4]))
     base = ctypes.addressof(dev)
     for i in rng.sample(range(len(copies)), len(copies)):
-        up.wait(i, stream=None)
+        up.wait(i)
         c = copies[i]
         assert dev.raw[c.dst - base : c.dst - base + c.nbytes] == src[c.src - ctypes.addressof(host):][:c.nbytes]
     assert up.finish() >= 0
@@ -159,7 +159,7 @@ def test_a_failed_copy_is_raised_to_the_waiter_instead_of_hanging_it(monkeypatch
     up = Upload(FakeDevice(drv), copies, threads=2)
     with pytest.raises(driver.CudaError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
         for i in range(len(copies)):
-            up.wait(i, stream=None)
+            up.wait(i)
     with pytest.raises(driver.CudaError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
         up.finish()
     assert sorted(drv.registered) == sorted(drv.unregistered)

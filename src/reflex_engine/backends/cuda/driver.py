@@ -56,7 +56,6 @@ _SIGNATURES = {
     "cuStreamDestroy_v2": (c_void_p,),
     "cuEventCreate": (POINTER(c_void_p), c_uint),
     "cuEventRecord": (c_void_p, c_void_p),
-    "cuStreamWaitEvent": (c_void_p, c_void_p, c_uint),
     "cuEventSynchronize": (c_void_p,),
     "cuEventDestroy_v2": (c_void_p,),
     "cuEventElapsedTime": (POINTER(c_float), c_void_p, c_void_p),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import mmap
 import os
 from typing import NamedTuple, Sequence
 
@@ -166,16 +167,18 @@ class CudaOps(ExpertOps):
             host, ggml_type = _dequantized(data, ggml_type, "<f4"), GGMLType.F32
         elif len(shape) > 1 and ggml_type not in KERNEL_TYPES:
             host, ggml_type = _dequantized(data, ggml_type, "<f2"), GGMLType.F16
-        else:  # the stored blocks, straight from the file mapping: commit_weights copies them
-            view = memoryview(data).cast("B")
+        else:
+            host = data
+        view = memoryview(host).cast("B")
+        if isinstance(view.obj, mmap.mmap):  # the stored blocks in a file mapping: commit_weights copies them
             self._pending.append((Copy(ptr, buffer_address(view), view.nbytes), view))  # the view keeps data alive
             return Weight(ptr, ggml_type, shape)
-        view = memoryview(host).cast("B")
         self.device.upload(ptr, buffer_address(view), view.nbytes)  # pageable: staged before it returns
         return Weight(ptr, ggml_type, shape)
 
     def commit_weights(self) -> int:
         """Start the copies (upload.py) and return: each op waits for its own weights."""
+        self.weights_arrived()  # an earlier commit's copies first
         if not self._pending:
             return 0
         self._upload = Upload(self.device, [copy for copy, _ in self._pending])
@@ -185,8 +188,6 @@ class CudaOps(ExpertOps):
 
     def weights_arrived(self) -> float | None:
         if self._upload is not None:
-            for i, _ in self._arriving.values():
-                self._upload.wait(i, self.device.stream)
             self._arriving = {}
             self._upload_ms, self._upload = self._upload.finish(), None
         return self._upload_ms
@@ -196,7 +197,7 @@ class CudaOps(ExpertOps):
         if self._arriving:
             arriving = self._arriving.pop(weight.ptr, None)
             if arriving is not None:
-                self._upload.wait(arriving[0], self.device.stream)
+                self._upload.wait(arriving[0])
         return weight.ptr
 
     def replayable(self, forward):
@@ -248,7 +249,7 @@ class CudaOps(ExpertOps):
     def embed(self, table: Weight, tokens: Sequence[int]) -> Tensor:
         out = self._new(len(tokens), table.n_cols)
         arriving = self._arriving.get(table.ptr)
-        if arriving is not None and not self._upload.queued(arriving[0]):
+        if arriving is not None:
             # the table is still in flight (it goes last: a pass reads only the prompt's rows of it):
             # those rows go up from the file mapping, packed in an activation buffer, which holds
             # 4 bytes a column and so any stored row

@@ -9,9 +9,18 @@ on its own stream. Measured on an H200 (design brief): 0.42 GB in 26.6 ms with 2
 against 37.6 ms with one.
 
 The copies run in the background: after each chunk's copies a thread records a CUDA event, and
-a weight's first reader makes the compute stream wait for the events of the chunks holding it.
-A prompt's pass therefore runs on the first layers while later ones are in flight, so chunks
-go in the order the weights were loaded (a pass's order), not the file's.
+a weight's first reader waits on the host for the events of the chunks holding it before it
+enqueues its kernels. A prompt's pass therefore runs on the first layers while later ones are
+in flight, so chunks go in the order the weights were loaded (a pass's order), not the file's.
+The wait is the host's, not a cross-stream wait on the device: with the one hardware work queue
+the engine asks the driver for (device.py), a stream waiting on another's event in that queue
+held back the copies queued behind it (H200, 2026-12-01: the first pass then took about as long
+as the upload and the pass one after the other).
+
+Only a file mapping's pages are pinned: they hold nothing else, while pinning a heap buffer's
+pages would pin its neighbours' too, and the driver refuses a copy from memory that is partly
+pinned. Small copies go through one fresh buffer for the same reason: they share pages with the
+large copies beside them, which another thread may be pinning.
 """
 from __future__ import annotations
 
@@ -26,7 +35,7 @@ from . import driver as cu
 
 CHUNK = 32 << 20
 THREADS = 4
-SMALL = 64 << 10  # norm vectors and the like: every layer reads some, so they travel first
+SMALL = 64 << 10  # norm vectors and the like: every layer reads some, so they travel first, through a buffer
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MADV_POPULATE_READ = 22  # Linux 5.14+; older kernels refuse it and registering faults the pages in
 
@@ -47,9 +56,8 @@ class Chunk(NamedTuple):
 def plan_chunks(copies: Sequence[Copy], chunk: int = CHUNK, page: int = PAGE, small: int = SMALL) -> list[Chunk]:
     """Cut the copies at page-aligned boundaries every `chunk` bytes of host address space, so
     chunks never share a page (a page can be registered once) and each piece lies in one chunk.
-    Copies under `small` bytes come first, in one chunk copied from pageable memory (pinning
-    their pages would pin their neighbours' too); the others' chunks follow in the order of the
-    first copy each holds."""
+    Copies under `small` bytes come first, in one chunk that pins nothing (see the module's
+    docstring); the others' chunks follow in the order of the first copy each holds."""
     live = [(i, c) for i, c in enumerate(copies) if c.nbytes]
     smalls = [(i, c) for i, c in live if c.nbytes < small]
     large = [(i, c) for i, c in live if c.nbytes >= small]
@@ -83,10 +91,10 @@ def _madvise(start: int, length: int, advice: int) -> None:
 
 
 class Upload:
-    """The copies, started at once on `threads` threads; `wait(i, stream)` orders work on a
-    stream after copy i, `finish()` waits for all of them. A chunk the driver will not pin (e.g.
-    no read-only registration) is copied from pageable memory. A failed copy is raised by the
-    next `wait` or `finish`, never left for a waiter to hang on."""
+    """The copies, started at once on `threads` threads; `wait(i)` returns once copy i has
+    landed, `finish()` once all have. A chunk the driver will not pin (e.g. no read-only
+    registration) is copied from pageable memory. A failed copy is raised by the next `wait`
+    or `finish`, never left for a waiter to hang on."""
 
     def __init__(self, device, copies: Sequence[Copy], threads: int = THREADS):
         self.device, self.nbytes = device, sum(c.nbytes for c in copies)
@@ -101,7 +109,7 @@ class Upload:
         for _ in self.chunks:
             self._events.append(c_void_p())
             device.drv.cuEventCreate(byref(self._events[-1]), cu.EVENT_DISABLE_TIMING)
-        self._awaited: set[int] = set()
+        self._landed: set[int] = set()  # chunks wait() has seen land
         self._errors: list[BaseException] = []
         self._started, self._copy_ends = time.perf_counter(), []  # when each thread saw its copies end
         queue = iter(list(enumerate(self.chunks)))  # shared: each chunk goes to whichever thread is free
@@ -125,8 +133,15 @@ class Upload:
                         pinned.append(chunk.start)
                     except cu.CudaError:
                         pass
-                for piece in chunk.copies:
-                    drv.cuMemcpyHtoDAsync_v2(piece.dst, piece.src, piece.nbytes, stream)
+                    for piece in chunk.copies:
+                        drv.cuMemcpyHtoDAsync_v2(piece.dst, piece.src, piece.nbytes, stream)
+                else:  # pageable: the driver stages each copy before the call returns
+                    staged = ctypes.create_string_buffer(sum(piece.nbytes for piece in chunk.copies))
+                    at = ctypes.addressof(staged)
+                    for piece in chunk.copies:
+                        ctypes.memmove(at, piece.src, piece.nbytes)
+                        drv.cuMemcpyHtoDAsync_v2(piece.dst, at, piece.nbytes, stream)
+                        at += piece.nbytes
                 drv.cuEventRecord(self._events[j], stream)
                 self._queued[j].set()
         except BaseException as e:
@@ -152,20 +167,15 @@ class Upload:
         if self._errors:
             raise self._errors[0]
 
-    def queued(self, i: int) -> bool:
-        """Whether copy i's chunks are all enqueued: `wait(i, ...)` would not block the host."""
-        return all(self._queued[j].is_set() for j in self._chunks_of[i])
-
-    def wait(self, i: int, stream) -> None:
-        """Work enqueued on `stream` from now on runs after copy i has landed. Blocks the host
-        only until the copy is enqueued (its chunk pinned), never until it has crossed."""
+    def wait(self, i: int) -> None:
+        """Return once copy i has landed on the device."""
         for j in self._chunks_of[i]:
-            if j in self._awaited:
+            if j in self._landed:
                 continue
             self._queued[j].wait()
             self._raise()
-            self.device.drv.cuStreamWaitEvent(stream, self._events[j], 0)
-            self._awaited.add(j)
+            self.device.drv.cuEventSynchronize(self._events[j])
+            self._landed.add(j)
 
     def finish(self) -> float:
         """Wait for every copy; the ms from the start to the last copy's end."""
