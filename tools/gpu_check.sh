@@ -6,7 +6,9 @@
 #               every golden fixture
 #   BENCH=1     random Qwen3-0.6B- and 8B-shaped files (QUANTS: q4_k_m q8_0), `reflex bench` on each
 #               and llama.cpp's llama-bench on the same files, after llama.cpp is built
-#   COLD=1      the cold-start harness (bench/cold_start.py) beside the floor and llama.cpp
+#   COLD=1      the cold-start harness (bench/cold_start.py) beside the floor and llama.cpp (COLD_LLAMA=0:
+#               without llama.cpp, so without its build)
+#   SIDECAR=1   with COLD: the sidecar's cold start (sidecar/tools/cold_start.py, its wheels in .whl/)
 #   SMOLLM2=1   SmolLM2 on CUDA, from .smollm2/ pieces gathered over consecutive warm calls
 # llama.cpp builds in the background from the first second when BENCH or COLD asks for it; no
 # timing starts before that build ends. Results under $OUT (at most 8 files come back).
@@ -31,7 +33,7 @@ reflex() { python3 -m reflex_engine "$@"; }
 LLAMA=/tmp/peer/build/bin
 
 PEER=
-if { [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ]; } && [ ! -x $LLAMA/llama-bench ] && ls .peers/llama.cpp-*.tar.xz >/dev/null 2>&1; then
+if { [ "${BENCH:-0}" = 1 ] || { [ "${COLD:-0}" = 1 ] && [ "${COLD_LLAMA:-1}" = 1 ]; }; } && [ ! -x $LLAMA/llama-bench ] && ls .peers/llama.cpp-*.tar.xz >/dev/null 2>&1; then
     ( mkdir -p /tmp/peer && tar -xJf .peers/llama.cpp-*.tar.xz -C /tmp/peer \
       && cmake -S /tmp/peer/llama.cpp -B /tmp/peer/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
            -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
@@ -121,8 +123,13 @@ if [ "${COLD:-0}" = 1 ]; then
     python3 -m venv --without-pip /tmp/cold-venv  # a clean interpreter, as a user's venv: no site-packages .pth hooks
     wait_peer  # nothing compiles beside the timings
     echo "harness starts at $(elapsed) s"
+    llama_bin=; [ "${COLD_LLAMA:-1}" = 1 ] && llama_bin="--llama-bin $LLAMA"
     python3 bench/cold_start.py --model 0.6b="$(model_file 0.6b q4_k_m)" --model 8b="$(model_file 8b q4_k_m)" \
-        --llama-bin $LLAMA --floor-bin /tmp/floor --python /tmp/cold-venv/bin/python --n "${COLD_N:-10}" \
-        --deadline-s $(( END - $(elapsed) )) --out "$OUT/cold" 2>&1 | tail -60
+        $llama_bin --floor-bin /tmp/floor --python /tmp/cold-venv/bin/python --n "${COLD_N:-10}" \
+        --deadline-s $(( END - $(elapsed) - ${SIDECAR_S:-0} )) --out "$OUT/cold" 2>&1 | tail -60
+    if [ "${SIDECAR:-0}" = 1 ]; then  # the system python3, for the sidecar and the bare engine alike
+        PYTHONPATH=$ROOT/sidecar/src:$PYTHONPATH python3 sidecar/tools/cold_start.py "$(model_file 0.6b q4_k_m)" --device cuda \
+            -n "${COLD_N:-10}" 2>&1 | tee "$OUT/cold/sidecar.txt" | tail -6
+    fi
 fi
 echo "done at $(elapsed) s"
