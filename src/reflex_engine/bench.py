@@ -5,8 +5,9 @@ Prompts are random token ids (seeded), decoding is greedy with end of sequence i
 figure the median of `runs` after a warm-up. Prefill time is prompt_eval_ms: the forward pass
 over the prompt and the first token's choice, which waits for the device. Decode at context C
 generates `decode_tokens` tokens after a C-token prompt; tokens/s counts those after the first.
-Bandwidth: the weight bytes one decode token reads (every matrix; the embedding table only when
-it is also the LM head) over the time per token, as a fraction of a device-to-device copy.
+Bandwidth: the weight bytes one decode token reads (every matrix, of stacked experts the share
+its chosen ones hold; the embedding table only when it is also the LM head) over the time per
+token, as a fraction of a device-to-device copy. The KV cache grows by kv_bytes_per_token a token.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .gguf import GGMLType
 
 PREFILL_TOKENS = (16, 128, 512, 2048)
 DECODE_CONTEXTS = (128, 4096)
+KV_ELEMENT_BYTES = {"cpu": 4, "cuda": 2}  # the numpy backend caches float32, the CUDA one f16
 
 
 class BenchReport(NamedTuple):
@@ -26,6 +28,7 @@ class BenchReport(NamedTuple):
     prefill: dict[int, float]  # prompt tokens -> ms
     decode: dict[int, dict[str, float]]  # context -> tokens_per_s, p50_ms, p99_ms
     weight_bytes_per_token: int
+    kv_bytes_per_token: int
     copy_bytes_per_s: float | None  # None off the GPU
     device_bytes_reserved: int | None  # what the engine allocated on the device
     device_bytes_used: int | None  # the whole GPU's use, the driver's context included
@@ -43,10 +46,21 @@ class BenchReport(NamedTuple):
 
 def decode_weight_bytes(model) -> int:
     """Bytes of the weights one decode token reads as the file stores them."""
-    tensors = model.file.gguf.tensors
+    tensors, cfg = model.file.gguf.tensors, model.config
     untied = "output.weight" in tensors
-    return sum(t.nbytes for name, t in tensors.items()
+
+    def read(name: str, nbytes: int) -> int:  # a token reads n_used of the n_expert stacked experts
+        return nbytes * cfg.routing.n_used // cfg.n_expert if name.endswith("_exps.weight") else nbytes
+
+    return sum(read(name, t.nbytes) for name, t in tensors.items()
                if len(t.shape) > 1 and not (untied and name == "token_embd.weight") and t.ggml_type != GGMLType.F32)
+
+
+def kv_bytes_per_token(model) -> int:
+    """KV cache bytes a token takes: per layer its K and V rows, or MLA's one latent row of
+    kv_lora_rank + RoPE dims values."""
+    shape = model.config.cache_shape(1)
+    return shape.n_layers * (shape.k_width + (0 if shape.latent else shape.v_width)) * KV_ELEMENT_BYTES[model.device]
 
 
 def run_bench(model, runs: int = 5, decode_tokens: int = 64, prefill_tokens=PREFILL_TOKENS,
@@ -91,7 +105,8 @@ def run_bench(model, runs: int = 5, decode_tokens: int = 64, prefill_tokens=PREF
         free, total = dev.drv.mem_info()
         used = total - free
         copy = dev.copy_bandwidth()
-    return BenchReport(model.device, prefill, decode, decode_weight_bytes(model), copy, reserved, used)
+    return BenchReport(model.device, prefill, decode, decode_weight_bytes(model), kv_bytes_per_token(model), copy, reserved,
+                       used)
 
 
 def format_report(r: BenchReport, description: str) -> str:
@@ -104,6 +119,7 @@ def format_report(r: BenchReport, description: str) -> str:
         lines.append(f"| decode at context {c} | {d['tokens_per_s']:.1f} tok/s (per token p50 {d['p50_ms']:.2f} ms, "
                      f"p99 {d['p99_ms']:.2f} ms{bw}) |")
     lines.append(f"| weights read per decode token | {r.weight_bytes_per_token / 1e9:.3f} GB |")
+    lines.append(f"| KV cache per token | {r.kv_bytes_per_token:,} bytes |")
     if r.copy_bytes_per_s:
         lines.append(f"| device-to-device copy | {r.copy_bytes_per_s / 1e12:.2f} TB/s (read + written) |")
     if r.device_bytes_reserved is not None:
