@@ -6,7 +6,7 @@
 #include <float.h>
 #include "common.cuh"
 
-#define MLA_WARPS 4
+#define MLA_WARPS 8  // a decode step has only n_heads blocks: more warps split the slots further
 #define MLA_MAX_PER_LANE 18  // latent rows up to 576 = 18 * 32 features (DeepSeek's 512 + 64)
 #define MLA_STEP 2           // slots a warp has in flight at once
 

@@ -17,7 +17,7 @@ from .device import F32, F64, I64, INT, PTR
 
 MOE_WARPS = 4  # kernels/moe.cu: output rows per block
 ROUTE_THREADS, ROUTE_MAX_EXPERTS, ROUTE_MAX_USED, ROUTE_MAX_GROUPS = 256, 1024, 64, 64  # kernels/moe.cu
-MLA_MAX_WIDTH = 576  # kernels/mla.cu: 18 features a lane
+MLA_MAX_WIDTH, MLA_THREADS = 576, 256  # kernels/mla.cu: 18 features a lane, MLA_WARPS * 32
 
 
 def matrix_bytes(weight) -> int:
@@ -113,7 +113,7 @@ class ExpertOps:
         dev.launch("kv_store", (t,), 256, (PTR(kv.ptr), PTR(0), PTR(cache.k[layer]), PTR(0), PTR(cache.segments),
                                            PTR(self._segments), PTR(self._start), INT(t), INT(width), INT(0)))
         out = self._new(t, n_heads * v_width)
-        dev.launch("latent_attention", (t, n_heads), 128,
+        dev.launch("latent_attention", (t, n_heads), MLA_THREADS,
                    (PTR(q.ptr), PTR(cache.k[layer]), PTR(cache.segments), PTR(self._segments), PTR(out.ptr),
                     PTR(self._start), INT(n_heads), INT(width), INT(v_width), F32(scale)))
         return out
