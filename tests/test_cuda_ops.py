@@ -84,7 +84,7 @@ def test_matmul_matches_dequantized_reference(gpu, qtype, n_tok):
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES)
 def test_matvec_edge_shapes(gpu, qtype):
-    """The decode matvec (kernels/matvec.cu: 2 rows a block, 128 threads striding over 8-element
+    """The decode matvec (kernels/matvec.cu: 2 rows a block, 128 threads striding over 16-element
     pieces) at its edges: the smallest legal width, widths whose last pass is partial, ragged and
     unaligned rows for the float types, one row, an odd row count, every token count."""
     block = GGML_BLOCK[GGMLType[qtype]][0]

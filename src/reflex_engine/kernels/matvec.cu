@@ -1,26 +1,30 @@
 // Decode matmul: y (n_tok, n_rows) = x (n_tok, n_cols) · Wᵀ for up to 8 tokens, W in GGUF blocks.
-// A block computes MATVEC_ROWS rows. Its threads stride together over the rows' 8-element pieces
+// A block computes MATVEC_ROWS rows. Its threads stride together over the rows' 16-element pieces
 // (B::piece), so each warp reads one contiguous run of a row's blocks and of x at a time; every
-// piece is dequantized once and used for every token. x is read through L1, which the blocks on
-// an SM share, and no barrier is met until the warps' sums are added at the end.
+// piece is unpacked once and used for every token, its scale (and min) applied once per token to
+// the piece's dot product. x is read through L1, which the blocks on an SM share, and no barrier
+// is met until the warps' sums are added at the end.
 // LAUNCH: block = MATVEC_THREADS (128), grid.x = ceil(n_rows / MATVEC_ROWS) (MATVEC_ROWS = 2).
 #include "common.cuh"
 #include "quant_blocks.cuh"
 
 constexpr int MATVEC_MAX_TOKENS = 8;
 constexpr int MATVEC_THREADS = 128;
-constexpr int MATVEC_ROWS = 2;    // rows a block computes, sharing each x piece it loads
-constexpr int MATVEC_UNROLL = 2;  // pieces a thread loads before it multiplies: more bytes in flight
+constexpr int MATVEC_ROWS = 2;  // rows a block computes, sharing each x piece it loads
+constexpr int MATVEC_PIECE = 16;  // elements a thread unpacks at a time (B::piece)
 
-// x[k0..k0+7] of one token's row, 0 past n_cols.
-__device__ __forceinline__ void x_piece(const float* __restrict__ x_row, int k0, int n_cols, float v[8]) {
+// x[k0..k0+15] of one token's row, 0 past n_cols.
+__device__ __forceinline__ void x_piece(const float* __restrict__ x_row, int k0, int n_cols, float v[MATVEC_PIECE]) {
     const float* at = x_row + k0;
-    if (k0 + 8 <= n_cols && reinterpret_cast<uintptr_t>(at) % 16 == 0) {
-        const float4 a = __ldg(reinterpret_cast<const float4*>(at)), b = __ldg(reinterpret_cast<const float4*>(at) + 1);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    if (k0 + MATVEC_PIECE <= n_cols && reinterpret_cast<uintptr_t>(at) % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < MATVEC_PIECE / 4; ++i) {
+            const float4 a = __ldg(reinterpret_cast<const float4*>(at) + i);
+            v[4 * i] = a.x, v[4 * i + 1] = a.y, v[4 * i + 2] = a.z, v[4 * i + 3] = a.w;
+        }
     } else {  // scalar types' ragged widths
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = k0 + j < n_cols ? __ldg(at + j) : 0.0f;
+        for (int j = 0; j < MATVEC_PIECE; ++j) v[j] = k0 + j < n_cols ? __ldg(at + j) : 0.0f;
     }
 }
 
@@ -28,39 +32,33 @@ template <class B>
 __device__ __forceinline__ void matvec(const uint8_t* __restrict__ W, const float* __restrict__ x,
                                        float* __restrict__ y, int n_rows, int n_cols, int n_tok) {
     __shared__ float partial[MATVEC_THREADS / WARP][MATVEC_ROWS][MATVEC_MAX_TOKENS];
-    const int r0 = blockIdx.x * MATVEC_ROWS, n_pieces = (n_cols + 7) / 8;
+    const int r0 = blockIdx.x * MATVEC_ROWS, n_pieces = (n_cols + MATVEC_PIECE - 1) / MATVEC_PIECE;
     const uint8_t* rows[MATVEC_ROWS];
 #pragma unroll
     for (int r = 0; r < MATVEC_ROWS; ++r)  // rows past n_rows re-read the last one and are never stored
         rows[r] = W + (size_t)min(r0 + r, n_rows - 1) * row_bytes<B>(n_cols);
 
     float acc[MATVEC_ROWS][MATVEC_MAX_TOKENS] = {};
-    for (int p0 = threadIdx.x; p0 < n_pieces; p0 += MATVEC_UNROLL * MATVEC_THREADS) {
-        float w[MATVEC_UNROLL][MATVEC_ROWS][8];
+    for (int p = threadIdx.x; p < n_pieces; p += MATVEC_THREADS) {
+        float q[MATVEC_ROWS][MATVEC_PIECE], d[MATVEC_ROWS], m[MATVEC_ROWS];
 #pragma unroll
-        for (int u = 0; u < MATVEC_UNROLL; ++u) {
-            const int p = p0 + u * MATVEC_THREADS;
-#pragma unroll
-            for (int r = 0; r < MATVEC_ROWS; ++r) {
-                if (p < n_pieces) {
-                    B::piece(rows[r], p, n_cols, w[u][r]);
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) w[u][r][i] = 0.0f;
-                }
-            }
-        }
+        for (int r = 0; r < MATVEC_ROWS; ++r) B::piece(rows[r], p, n_cols, q[r], d[r], m[r]);
 #pragma unroll
         for (int t = 0; t < MATVEC_MAX_TOKENS; ++t) {
             if (t >= n_tok) break;
+            float xv[MATVEC_PIECE], x_sum = 0.0f;
+            x_piece(x + (size_t)t * n_cols, MATVEC_PIECE * p, n_cols, xv);
+            if constexpr (B::has_min) {
 #pragma unroll
-            for (int u = 0; u < MATVEC_UNROLL; ++u) {
-                float xv[8];
-                x_piece(x + (size_t)t * n_cols, 8 * (p0 + u * MATVEC_THREADS), n_cols, xv);
+                for (int i = 0; i < MATVEC_PIECE; ++i) x_sum += xv[i];
+            }
 #pragma unroll
-                for (int r = 0; r < MATVEC_ROWS; ++r)
+            for (int r = 0; r < MATVEC_ROWS; ++r) {
+                float dot = 0.0f;
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(w[u][r][i], xv[i], acc[r][t]);
+                for (int i = 0; i < MATVEC_PIECE; ++i) dot = fmaf(q[r][i], xv[i], dot);
+                acc[r][t] = fmaf(d[r], dot, acc[r][t]);
+                if constexpr (B::has_min) acc[r][t] = fmaf(m[r], x_sum, acc[r][t]);
             }
         }
     }
@@ -85,8 +83,9 @@ __device__ __forceinline__ void matvec(const uint8_t* __restrict__ W, const floa
     }
 }
 
+// 5 blocks an SM: at most 96 registers, which these kernels fit without spilling
 #define MATVEC_KERNEL(name, B)                                                                           \
-    extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 6)                                       \
+    extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 5)                                      \
         matvec_##name(const uint8_t* W, const float* x, float* y, int n_rows, int n_cols, int n_tok) { \
         matvec<B>(W, x, y, n_rows, n_cols, n_tok);                                                       \
     }

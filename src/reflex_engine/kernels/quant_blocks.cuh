@@ -12,10 +12,10 @@
 // Every type T has: T::elems (elements per block), sizeof(T) (bytes per block), and
 // T::chunk(row, c, n, v): elements 32c..32c+31 of a row of n elements into v. Scalar types
 // (elems == 1) take any n and give 0 past it, and have T::value(row, k) for one element.
-// T::piece(row, p, n, v): elements 8p..8p+7 (for the decode matvec), the same values as chunk's
-// but cheaper: integers become floats through the mantissa (byte_floats) instead of the
-// conversion unit, and types with an offset apply scale and offset in one fused multiply-add,
-// so those may differ from chunk's in the last bit.
+// T::piece(row, p, n, q, d, m), for the decode matvec: elements 16p..16p+15 as d·q[i] + m, where
+// the 16 share one scale d and offset m (m = 0 unless T::has_min), so a dot product can apply them
+// once per piece. Integers become floats through the mantissa (byte_floats), not the conversion
+// unit. d·q[i] + m equals chunk's element to float rounding (exactly, where chunk's is d·q).
 #pragma once
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -95,6 +95,24 @@ __host__ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (
 #endif
 }
 
+// N little-endian 32-bit words from a 2-byte aligned p, as N + 1 aligned 32-bit loads realigned
+// by funnel shifts instead of 2N 16-bit loads. It reads the 2 bytes before p or after its N words
+// (whichever the alignment takes): the caller must own them.
+template <int N>
+__host__ __device__ __forceinline__ void load_words_shifted(const uint8_t* p, uint32_t (&w)[N]) {
+#ifdef __CUDA_ARCH__
+    const uint32_t* base = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~(uintptr_t)3);
+    const int shift = 8 * (int)(reinterpret_cast<uintptr_t>(p) & 3);
+    uint32_t raw[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; ++i) raw[i] = base[i];
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw[i], raw[i + 1], shift);
+#else
+    load_words<2>(p, w);
+#endif
+}
+
 // One little-endian u16 at a 2-byte aligned p.
 __host__ __device__ __forceinline__ uint32_t load_u16(const uint8_t* p) {
 #ifdef __CUDA_ARCH__
@@ -123,10 +141,10 @@ __host__ __device__ __forceinline__ void byte_floats(uint32_t w, float bias, flo
     }
 }
 
-// Eight small integers, two words of bytes, as floats minus bias.
-__host__ __device__ __forceinline__ void bytes8_floats(const uint32_t (&q)[2], float bias, float v[8]) {
-    byte_floats(q[0], bias, v);
-    byte_floats(q[1], bias, v + 4);
+// Sixteen small integers, four words of bytes, as floats minus bias.
+__host__ __device__ __forceinline__ void bytes16_floats(const uint32_t (&q)[4], float bias, float v[16]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) byte_floats(q[k], bias, v + 4 * k);
 }
 
 // Bits 0..3 of x to bit 0 of bytes 0..3 (the partial products land on distinct bits: no carries).
@@ -139,6 +157,7 @@ __host__ __device__ __forceinline__ uint32_t spread4(uint32_t x) {
 template <class T>
 struct scalar_block {
     static constexpr int elems = 1;
+    static constexpr bool has_min = false;
 
     __host__ __device__ static float value(const uint8_t* row, int k) {
         const uint8_t* p = row + (size_t)k * sizeof(T);
@@ -168,20 +187,21 @@ struct scalar_block {
         }
     }
 
-    __host__ __device__ static void piece(const uint8_t* row, int p, int n, float v[8]) {
-        constexpr int N = 2 * (int)sizeof(T);  // words in 8 elements
-        const uint8_t* at = row + (size_t)8 * p * sizeof(T);
-        if (8 * p + 8 <= n && reinterpret_cast<uintptr_t>(at) % 16 == 0) {
+    __host__ __device__ static void piece(const uint8_t* row, int p, int n, float q[16], float& d, float& m) {
+        constexpr int N = 4 * (int)sizeof(T);  // words in 16 elements
+        const uint8_t* at = row + (size_t)16 * p * sizeof(T);
+        d = 1.0f, m = 0.0f;
+        if (16 * p + 16 <= n && reinterpret_cast<uintptr_t>(at) % 16 == 0) {
             uint32_t w[N];
             load_words<16>(at, w);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                if constexpr (sizeof(T) == 4) v[j] = T::decode(w[j]);
-                else v[j] = T::decode(w[j / 2] >> (16 * (j % 2)) & 0xFFFF);
+            for (int j = 0; j < 16; ++j) {
+                if constexpr (sizeof(T) == 4) q[j] = T::decode(w[j]);
+                else q[j] = T::decode(w[j / 2] >> (16 * (j % 2)) & 0xFFFF);
             }
         } else {
 #pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = 8 * p + j < n ? value(row, 8 * p + j) : 0.0f;
+            for (int j = 0; j < 16; ++j) q[j] = 16 * p + j < n ? value(row, 16 * p + j) : 0.0f;
         }
     }
 };
@@ -209,6 +229,7 @@ struct block_q4_0 {
     half d;
     uint8_t qs[16];  // x = (nibble - 8)·d
     static constexpr int elems = 32;
+    static constexpr bool has_min = false;
 
     __host__ __device__ static void chunk(const uint8_t* row, int c, int, float v[32]) {
         const block_q4_0& b = reinterpret_cast<const block_q4_0*>(row)[c];
@@ -222,18 +243,15 @@ struct block_q4_0 {
         }
     }
 
-    // piece j of a block: nibble j / 2 of qs[8(j % 2) + i]
-    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
-        const block_q4_0& b = reinterpret_cast<const block_q4_0*>(row)[p / 4];
-        const int j = p % 4;
-        const float d = __half2float(b.d);
-        uint32_t q[2];
-        load_words<2>(b.qs + 8 * (j % 2), q);
-        const int shift = 4 * (j / 2);
-        q[0] = q[0] >> shift & 0x0F0F0F0F, q[1] = q[1] >> shift & 0x0F0F0F0F;
-        bytes8_floats(q, 8.0f, v);
+    // piece j of a block: nibble j of qs[0..15]
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float q[16], float& d, float& m) {
+        const block_q4_0& b = reinterpret_cast<const block_q4_0*>(row)[p / 2];
+        uint32_t w[4];
+        load_words<2>(b.qs, w);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = mul_rn(d, v[i]);
+        for (int k = 0; k < 4; ++k) w[k] = w[k] >> (4 * (p % 2)) & 0x0F0F0F0F;
+        bytes16_floats(w, 8.0f, q);
+        d = __half2float(b.d), m = 0.0f;
     }
 };
 static_assert(sizeof(block_q4_0) == 18, "block_q4_0");
@@ -242,6 +260,7 @@ struct alignas(4) block_q4_1 {
     half d, m;
     uint8_t qs[16];  // x = nibble·d + m
     static constexpr int elems = 32;
+    static constexpr bool has_min = true;
 
     __host__ __device__ static void chunk(const uint8_t* row, int c, int, float v[32]) {
         const block_q4_1& b = reinterpret_cast<const block_q4_1*>(row)[c];
@@ -255,17 +274,14 @@ struct alignas(4) block_q4_1 {
         }
     }
 
-    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
-        const block_q4_1& b = reinterpret_cast<const block_q4_1*>(row)[p / 4];
-        const int j = p % 4;
-        const float d = __half2float(b.d), m = __half2float(b.m);
-        uint32_t q[2];
-        load_words<4>(b.qs + 8 * (j % 2), q);
-        const int shift = 4 * (j / 2);
-        q[0] = q[0] >> shift & 0x0F0F0F0F, q[1] = q[1] >> shift & 0x0F0F0F0F;
-        bytes8_floats(q, 0.0f, v);
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float q[16], float& d, float& m) {
+        const block_q4_1& b = reinterpret_cast<const block_q4_1*>(row)[p / 2];
+        uint32_t w[4];
+        load_words<4>(b.qs, w);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = fmaf(d, v[i], m);
+        for (int k = 0; k < 4; ++k) w[k] = w[k] >> (4 * (p % 2)) & 0x0F0F0F0F;
+        bytes16_floats(w, 0.0f, q);
+        d = __half2float(b.d), m = __half2float(b.m);
     }
 };
 static_assert(sizeof(block_q4_1) == 20, "block_q4_1");
@@ -284,6 +300,7 @@ struct block_q5_0 {
     uint8_t qh[4];   // bit j: bit 4 of element j
     uint8_t qs[16];  // x = (q5 - 16)·d
     static constexpr int elems = 32;
+    static constexpr bool has_min = false;
 
     __host__ __device__ static void chunk(const uint8_t* row, int c, int, float v[32]) {
         const block_q5_0& b = reinterpret_cast<const block_q5_0*>(row)[c];
@@ -297,20 +314,16 @@ struct block_q5_0 {
         for (int j = 0; j < 32; ++j) v[j] = mul_rn(d, (float)(q5[j] - 16));
     }
 
-    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
-        const block_q5_0& b = reinterpret_cast<const block_q5_0*>(row)[p / 4];
-        const int j = p % 4;
-        const float d = __half2float(b.d);
-        uint32_t q[2], qh[1];
-        load_words<2>(b.qs + 8 * (j % 2), q);
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float q[16], float& d, float& m) {
+        const block_q5_0& b = reinterpret_cast<const block_q5_0*>(row)[p / 2];
+        uint32_t w[4], qh[1];
+        load_words<2>(b.qs, w);
         load_words<2>(b.qh, qh);
-        const int shift = 4 * (j / 2);
-        const uint32_t hi = qh[0] >> (8 * j);  // bit 4 of elements 8j..8j+7
-        q[0] = (q[0] >> shift & 0x0F0F0F0F) | spread4(hi) << 4;
-        q[1] = (q[1] >> shift & 0x0F0F0F0F) | spread4(hi >> 4) << 4;
-        bytes8_floats(q, 16.0f, v);
+        const uint32_t hi = qh[0] >> (16 * (p % 2));  // bit 4 of the piece's elements
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = mul_rn(d, v[i]);
+        for (int k = 0; k < 4; ++k) w[k] = (w[k] >> (4 * (p % 2)) & 0x0F0F0F0F) | spread4(hi >> (4 * k)) << 4;
+        bytes16_floats(w, 16.0f, q);
+        d = __half2float(b.d), m = 0.0f;
     }
 };
 static_assert(sizeof(block_q5_0) == 22, "block_q5_0");
@@ -320,6 +333,7 @@ struct alignas(8) block_q5_1 {
     uint8_t qh[4];   // bit j: bit 4 of element j
     uint8_t qs[16];  // x = q5·d + m
     static constexpr int elems = 32;
+    static constexpr bool has_min = true;
 
     __host__ __device__ static void chunk(const uint8_t* row, int c, int, float v[32]) {
         const block_q5_1& b = reinterpret_cast<const block_q5_1*>(row)[c];
@@ -333,20 +347,16 @@ struct alignas(8) block_q5_1 {
         for (int j = 0; j < 32; ++j) v[j] = add_rn(mul_rn(d, (float)q5[j]), m);
     }
 
-    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
-        const block_q5_1& b = reinterpret_cast<const block_q5_1*>(row)[p / 4];
-        const int j = p % 4;
-        const float d = __half2float(b.d), m = __half2float(b.m);
-        uint32_t q[2], qh[1];
-        load_words<8>(b.qs + 8 * (j % 2), q);
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float q[16], float& d, float& m) {
+        const block_q5_1& b = reinterpret_cast<const block_q5_1*>(row)[p / 2];
+        uint32_t w[4], qh[1];
+        load_words<8>(b.qs, w);
         load_words<4>(b.qh, qh);
-        const int shift = 4 * (j / 2);
-        const uint32_t hi = qh[0] >> (8 * j);  // bit 4 of elements 8j..8j+7
-        q[0] = (q[0] >> shift & 0x0F0F0F0F) | spread4(hi) << 4;
-        q[1] = (q[1] >> shift & 0x0F0F0F0F) | spread4(hi >> 4) << 4;
-        bytes8_floats(q, 0.0f, v);
+        const uint32_t hi = qh[0] >> (16 * (p % 2));  // bit 4 of the piece's elements
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = fmaf(d, v[i], m);
+        for (int k = 0; k < 4; ++k) w[k] = (w[k] >> (4 * (p % 2)) & 0x0F0F0F0F) | spread4(hi >> (4 * k)) << 4;
+        bytes16_floats(w, 0.0f, q);
+        d = __half2float(b.d), m = __half2float(b.m);
     }
 };
 static_assert(sizeof(block_q5_1) == 24, "block_q5_1");
@@ -355,6 +365,7 @@ struct block_q8_0 {
     half d;
     int8_t qs[32];  // x = q·d
     static constexpr int elems = 32;
+    static constexpr bool has_min = false;
 
     __host__ __device__ static void chunk(const uint8_t* row, int c, int, float v[32]) {
         const block_q8_0& b = reinterpret_cast<const block_q8_0*>(row)[c];
@@ -365,15 +376,14 @@ struct block_q8_0 {
         for (int j = 0; j < 32; ++j) v[j] = mul_rn(d, (float)(int8_t)byte_at(q, j));
     }
 
-    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
-        const block_q8_0& b = reinterpret_cast<const block_q8_0*>(row)[p / 4];
-        const float d = __half2float(b.d);
-        uint32_t q[2];
-        load_words<2>(reinterpret_cast<const uint8_t*>(b.qs) + 8 * (p % 4), q);
-        q[0] ^= 0x80808080, q[1] ^= 0x80808080;  // int8 q as q + 128
-        bytes8_floats(q, 128.0f, v);
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float q[16], float& d, float& m) {
+        const block_q8_0& b = reinterpret_cast<const block_q8_0*>(row)[p / 2];
+        uint32_t w[4];
+        load_words<2>(reinterpret_cast<const uint8_t*>(b.qs) + 16 * (p % 2), w);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = mul_rn(d, v[i]);
+        for (int k = 0; k < 4; ++k) w[k] ^= 0x80808080;  // int8 q as q + 128
+        bytes16_floats(w, 128.0f, q);
+        d = __half2float(b.d), m = 0.0f;
     }
 };
 static_assert(sizeof(block_q8_0) == 34, "block_q8_0");
@@ -388,6 +398,7 @@ struct alignas(4) block_q2_K {
     uint8_t qs[64];      // x = (d·scale)·q - dmin·min
     half d, dmin;
     static constexpr int elems = 256;
+    static constexpr bool has_min = true;
 
     __host__ __device__ static void chunk(const uint8_t* row, int c, int, float v[32]) {
         const block_q2_K& b = reinterpret_cast<const block_q2_K*>(row)[c / 8];
@@ -404,19 +415,17 @@ struct alignas(4) block_q2_K {
             v[l] = sub_rn(mul_rn(dl[l / 16], (float)(byte_at(q, l) >> shift & 3)), ml[l / 16]);
     }
 
-    // piece j of a block: elements 8(j % 4)..+7 of sub-chunk j / 4, all in one group of 16
-    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
-        const block_q2_K& b = reinterpret_cast<const block_q2_K*>(row)[p / 32];
-        const int s = p % 32 / 4, l0 = 8 * (p % 4);
-        const uint32_t sc = b.scales[2 * s + l0 / 16];
-        const float dl = mul_rn(__half2float(b.d), (float)(sc & 15)), ml = mul_rn(__half2float(b.dmin), (float)(sc >> 4));
-        uint32_t q[2];
-        load_words<4>(b.qs + 32 * (s / 4) + l0, q);
-        const int shift = 2 * (s % 4);
-        q[0] = q[0] >> shift & 0x03030303, q[1] = q[1] >> shift & 0x03030303;
-        bytes8_floats(q, 0.0f, v);
+    // piece j of a block: group of 16 j % 2 of sub-chunk j / 2, one scale and min
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float q[16], float& d, float& m) {
+        const block_q2_K& b = reinterpret_cast<const block_q2_K*>(row)[p / 16];
+        const int s = p % 16 / 2, l0 = 16 * (p % 2);
+        const uint32_t sc = b.scales[2 * s + p % 2];
+        uint32_t w[4];
+        load_words<4>(b.qs + 32 * (s / 4) + l0, w);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = fmaf(dl, v[i], -ml);
+        for (int k = 0; k < 4; ++k) w[k] = w[k] >> (2 * (s % 4)) & 0x03030303;
+        bytes16_floats(w, 0.0f, q);
+        d = mul_rn(__half2float(b.d), (float)(sc & 15)), m = -mul_rn(__half2float(b.dmin), (float)(sc >> 4));
     }
 };
 static_assert(sizeof(block_q2_K) == 84, "block_q2_K");
@@ -427,6 +436,7 @@ struct block_q3_K {
     uint8_t scales[12];  // sixteen 6-bit scales, offset 32
     half d;              // x = (d·(scale - 32))·(q3 - 4)
     static constexpr int elems = 256;
+    static constexpr bool has_min = false;
 
     // Scale i: low 4 bits from nibble i/8 of byte i%8, top 2 from byte 8 + i%4 at bit 2(i/4).
     __host__ __device__ static int scale(const uint8_t* sc, int i) {
@@ -450,19 +460,16 @@ struct block_q3_K {
         }
     }
 
-    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
-        const block_q3_K& b = reinterpret_cast<const block_q3_K*>(row)[p / 32];
-        const int s = p % 32 / 4, l0 = 8 * (p % 4);
-        const float dl = mul_rn(__half2float(b.d), (float)(scale(b.scales, 2 * s + l0 / 16) - 32));
-        uint32_t q[2], h[2];
-        load_words<2>(b.qs + 32 * (s / 4) + l0, q);
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float q[16], float& d, float& m) {
+        const block_q3_K& b = reinterpret_cast<const block_q3_K*>(row)[p / 16];
+        const int s = p % 16 / 2, l0 = 16 * (p % 2);
+        uint32_t w[4], h[4];
+        load_words<2>(b.qs + 32 * (s / 4) + l0, w);
         load_words<2>(b.hmask + l0, h);
-        const int shift = 2 * (s % 4);
 #pragma unroll
-        for (int i = 0; i < 2; ++i) q[i] = (q[i] >> shift & 0x03030303) | (h[i] >> s & 0x01010101) << 2;
-        bytes8_floats(q, 4.0f, v);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = mul_rn(dl, v[i]);
+        for (int k = 0; k < 4; ++k) w[k] = (w[k] >> (2 * (s % 4)) & 0x03030303) | (h[k] >> s & 0x01010101) << 2;
+        bytes16_floats(w, 4.0f, q);
+        d = mul_rn(__half2float(b.d), (float)(scale(b.scales, 2 * s + p % 2) - 32)), m = 0.0f;
     }
 };
 static_assert(sizeof(block_q3_K) == 110, "block_q3_K");
@@ -487,6 +494,7 @@ struct alignas(16) block_q4_K {
     uint8_t scales[12];  // eight 6-bit (scale, min) pairs
     uint8_t qs[128];     // sub-chunk s: nibble s%2 of qs[32(s/2) + l]; x = (d·sc)·q - dmin·m
     static constexpr int elems = 256;
+    static constexpr bool has_min = true;
 
     __host__ __device__ static void chunk(const uint8_t* row, int c, int, float v[32]) {
         const block_q4_K& b = reinterpret_cast<const block_q4_K*>(row)[c / 8];
@@ -500,18 +508,16 @@ struct alignas(16) block_q4_K {
         for (int l = 0; l < 32; ++l) v[l] = sub_rn(mul_rn(dl, (float)(byte_at(q, l) >> shift & 15)), ml);
     }
 
-    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
-        const block_q4_K& b = reinterpret_cast<const block_q4_K*>(row)[p / 32];
-        const int s = p % 32 / 4, l0 = 8 * (p % 4);
-        float dl, ml;
-        scale_min_k4(b.d, b.dmin, b.scales, s, dl, ml);
-        uint32_t q[2];
-        load_words<8>(b.qs + 32 * (s / 2) + l0, q);
-        const int shift = 4 * (s % 2);
-        q[0] = q[0] >> shift & 0x0F0F0F0F, q[1] = q[1] >> shift & 0x0F0F0F0F;
-        bytes8_floats(q, 0.0f, v);
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float q[16], float& d, float& m) {
+        const block_q4_K& b = reinterpret_cast<const block_q4_K*>(row)[p / 16];
+        const int s = p % 16 / 2, l0 = 16 * (p % 2);
+        uint32_t w[4];
+        load_words<16>(b.qs + 32 * (s / 2) + l0, w);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = fmaf(dl, v[i], -ml);
+        for (int k = 0; k < 4; ++k) w[k] = w[k] >> (4 * (s % 2)) & 0x0F0F0F0F;
+        bytes16_floats(w, 0.0f, q);
+        scale_min_k4(b.d, b.dmin, b.scales, s, d, m);
+        m = -m;
     }
 };
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K");
@@ -522,6 +528,7 @@ struct alignas(16) block_q5_K {
     uint8_t qh[32];      // bit s of qh[l]: bit 4 of element l of sub-chunk s
     uint8_t qs[128];     // as Q4_K
     static constexpr int elems = 256;
+    static constexpr bool has_min = true;
 
     __host__ __device__ static void chunk(const uint8_t* row, int c, int, float v[32]) {
         const block_q5_K& b = reinterpret_cast<const block_q5_K*>(row)[c / 8];
@@ -539,20 +546,17 @@ struct alignas(16) block_q5_K {
         }
     }
 
-    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
-        const block_q5_K& b = reinterpret_cast<const block_q5_K*>(row)[p / 32];
-        const int s = p % 32 / 4, l0 = 8 * (p % 4);
-        float dl, ml;
-        scale_min_k4(b.d, b.dmin, b.scales, s, dl, ml);
-        uint32_t q[2], h[2];
-        load_words<8>(b.qs + 32 * (s / 2) + l0, q);
-        load_words<8>(b.qh + l0, h);
-        const int shift = 4 * (s % 2);
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float q[16], float& d, float& m) {
+        const block_q5_K& b = reinterpret_cast<const block_q5_K*>(row)[p / 16];
+        const int s = p % 16 / 2, l0 = 16 * (p % 2);
+        uint32_t w[4], h[4];
+        load_words<16>(b.qs + 32 * (s / 2) + l0, w);
+        load_words<16>(b.qh + l0, h);
 #pragma unroll
-        for (int i = 0; i < 2; ++i) q[i] = (q[i] >> shift & 0x0F0F0F0F) | (h[i] >> s & 0x01010101) << 4;
-        bytes8_floats(q, 0.0f, v);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = fmaf(dl, v[i], -ml);
+        for (int k = 0; k < 4; ++k) w[k] = (w[k] >> (4 * (s % 2)) & 0x0F0F0F0F) | (h[k] >> s & 0x01010101) << 4;
+        bytes16_floats(w, 0.0f, q);
+        scale_min_k4(b.d, b.dmin, b.scales, s, d, m);
+        m = -m;
     }
 };
 static_assert(sizeof(block_q5_K) == 176, "block_q5_K");
@@ -563,6 +567,7 @@ struct block_q6_K {
     int8_t scales[16];  // per 16 values
     half d;             // x = (d·scale)·(q6 - 32)
     static constexpr int elems = 256;
+    static constexpr bool has_min = false;
 
     __host__ __device__ static void chunk(const uint8_t* row, int c, int, float v[32]) {
         const block_q6_K& b = reinterpret_cast<const block_q6_K*>(row)[c / 8];
@@ -581,19 +586,18 @@ struct block_q6_K {
         }
     }
 
-    __host__ __device__ static void piece(const uint8_t* row, int p, int, float v[8]) {
-        const block_q6_K& b = reinterpret_cast<const block_q6_K*>(row)[p / 32];
-        const int s = p % 32 / 4, h = s / 4, k = s % 4, l0 = 8 * (p % 4);
-        const float dl = mul_rn(__half2float(b.d), (float)b.scales[8 * h + 2 * k + l0 / 16]);
-        uint32_t lo[2], hi[2];
-        load_words<2>(b.ql + 64 * h + 32 * (k % 2) + l0, lo);
-        load_words<2>(b.qh + 32 * h + l0, hi);
-        const int lo_shift = 4 * (k / 2), hi_shift = 2 * k;
+    __host__ __device__ static void piece(const uint8_t* row, int p, int, float q[16], float& d, float& m) {
+        const block_q6_K& b = reinterpret_cast<const block_q6_K*>(row)[p / 16];
+        const int s = p % 16 / 2, h = s / 4, k = s % 4, l0 = 16 * (p % 2);
+        // the 2 bytes around either run are this block's or, before ql[0], the tensor's previous block
+        // (the first block of a tensor is 16-byte aligned)
+        uint32_t lo[4], hi[4];
+        load_words_shifted(b.ql + 64 * h + 32 * (k % 2) + l0, lo);
+        load_words_shifted(b.qh + 32 * h + l0, hi);
 #pragma unroll
-        for (int i = 0; i < 2; ++i) lo[i] = (lo[i] >> lo_shift & 0x0F0F0F0F) | (hi[i] >> hi_shift & 0x03030303) << 4;
-        bytes8_floats(lo, 32.0f, v);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = mul_rn(dl, v[i]);
+        for (int i = 0; i < 4; ++i) lo[i] = (lo[i] >> (4 * (k / 2)) & 0x0F0F0F0F) | (hi[i] >> (2 * k) & 0x03030303) << 4;
+        bytes16_floats(lo, 32.0f, q);
+        d = mul_rn(__half2float(b.d), (float)b.scales[8 * h + 2 * k + p % 2]), m = 0.0f;
     }
 };
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K");
