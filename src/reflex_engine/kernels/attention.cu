@@ -6,7 +6,7 @@
 #define ATTN_WARPS 4
 #define ATTN_MAX_PER_LANE 8  // head widths up to 256, 32 lanes
 #define ATTN_MAX_SPLITS 64  // ops.py's ATTENTION_MAX_SPLITS
-#define ATTN_SPLIT_MIN_SLOTS 128  // shorter splits would cost the combine more than they save
+#define ATTN_SPLIT_MIN_SLOTS 32  // one STEP of 8 slots a warp: shorter splits only add partials
 
 // Slots start..start+n_tok-1 get the rows of k and v. Grid: one block per token. Here and below
 // the first slot is read from device memory (*start_at), so a captured decode step replays at
@@ -186,24 +186,35 @@ attention(const float* q, const __half* k_cache, const __half* v_cache, const in
 // weighted V rescaled to the largest max. Splits of weight 0 (past the query's slot, all hidden,
 // or negligible) are skipped, so their acc is never read.
 // LAUNCH: grid (n_tok, n_heads), block 128; n_splits <= ATTN_MAX_SPLITS, as given to `attention`.
+#define COMBINE_STEP 16  // splits whose acc loads a thread has in flight together
 extern "C" __global__ void __launch_bounds__(128)
 attention_combine(float* partials, float* out, int n_tok, int n_splits, int dv) {
-    __shared__ float wt[ATTN_MAX_SPLITS];
+    __shared__ float2 pair[ATTN_MAX_SPLITS];
+    __shared__ float wt[ATTN_MAX_SPLITS + COMBINE_STEP];  // 0 past n_splits
     const int i = blockIdx.x, h = blockIdx.y, n_heads = gridDim.y;
     const AttnPartials part(partials, n_tok, n_heads, n_splits);
     const size_t row0 = ((size_t)i * n_heads + h) * n_splits;
+    if (threadIdx.x < n_splits) pair[threadIdx.x] = part.pairs[row0 + threadIdx.x];
+    __syncthreads();
     float m = -INFINITY;
-    for (int s = 0; s < n_splits; ++s) m = fmaxf(m, part.pairs[row0 + s].x);
-    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) wt[s] = weight_of(part.pairs[row0 + s].x, m);
+    for (int s = 0; s < n_splits; ++s) m = fmaxf(m, pair[s].x);
+    for (int s = threadIdx.x; s < ATTN_MAX_SPLITS + COMBINE_STEP; s += blockDim.x)
+        wt[s] = s < n_splits ? weight_of(pair[s].x, m) : 0.0f;
     __syncthreads();
     float total = 0.0f;  // > 0: the split holding the query's own slot sees it
-    for (int s = 0; s < n_splits; ++s) total += wt[s] * part.pairs[row0 + s].y;
+    for (int s = 0; s < n_splits; ++s) total += wt[s] * pair[s].y;
     const float inv_total = 1.0f / total;
     float* out_row = out + ((size_t)i * n_heads + h) * dv;
     for (int c = threadIdx.x; c < dv; c += blockDim.x) {
         float o = 0.0f;
-        for (int s = 0; s < n_splits; ++s)
-            if (wt[s] != 0.0f) o += wt[s] * part.acc[(row0 + s) * dv + c];
+        for (int s0 = 0; s0 < n_splits; s0 += COMBINE_STEP) {
+            float a[COMBINE_STEP];
+#pragma unroll
+            for (int u = 0; u < COMBINE_STEP; ++u)
+                a[u] = wt[s0 + u] != 0.0f ? part.acc[(row0 + s0 + u) * dv + c] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < COMBINE_STEP; ++u) o += wt[s0 + u] * a[u];
+        }
         out_row[c] = o * inv_total;
     }
 }

@@ -28,8 +28,8 @@ MAX_BATCH = 512  # tokens per forward pass; the engine splits longer batches
 TOP_K_MAX = 256  # kernels/sampling.cu top_k
 TILED_ATTENTION_MIN_TOKENS = 64  # below this, 16 queries a block leave the GPU too few blocks
 # kernels/attention.cu below that: the cache's slots split over up to 64 blocks a (query, head), at
-# least 128 slots each, their partial softmaxes in a scratch that bounds the splits of a long batch
-ATTENTION_MAX_SPLITS, ATTENTION_SPLIT_SLOTS, ATTENTION_PARTIALS_BYTES = 64, 128, 4 << 20
+# least 32 slots each, their partial softmaxes in a scratch that bounds the splits of a long batch
+ATTENTION_MAX_SPLITS, ATTENTION_SPLIT_SLOTS, ATTENTION_PARTIALS_BYTES = 64, 32, 4 << 20
 F16_GEMM_MIN_TOKENS = 128  # from here on weights are dequantized once per pass (kernels/gemm_f16.cu)
 W16_MAX_BYTES = 64 << 20  # the f16 copy of weight rows that long-prompt GEMMs work from
 # the per-pass ints a forward pass reads from scratch, in their order there (graph.py stages them)
