@@ -49,18 +49,24 @@ extern "C" __global__ void rope_yarn_f32(const float* x, float* y, const int* po
 
 // softmax(scale · q·row) · row[:v_width] for query token i (cache slot start + i) and query head h over
 // the cached rows j <= start + i of segment 0 or seg[i] (see ops.Batch): multi-query attention with
-// one latent row per slot. q (n_tok, n_heads * k_width), out (n_tok, n_heads * v_width). Each warp runs
-// an online softmax over every MLA_WARPS-th run of MLA_STEP slots, then the warps' results merge. Lane
-// l holds features l, l+32, ... of q and of the output. The running maximum starts at -FLT_MAX, not
-// -inf, so that exp(score - max) is 0, never NaN, for hidden slots (-inf) before any is seen.
-// LAUNCH: block = MLA_WARPS * 32, grid = (n_tok, n_heads); v_width <= k_width <= 32 * MLA_MAX_PER_LANE.
+// one latent row per slot. q (n_tok, n_heads * k_width), out (n_tok, n_heads * v_width). Block z of
+// gridDim.z takes the z-th of that many equal runs of the query's slots (lengths from *start_at, so a
+// captured graph replays at any position); its warps run online softmaxes over every MLA_WARPS-th run
+// of MLA_STEP slots and merge. With one split the block writes out; with more it writes its
+// (max, sum, unnormalised values) to partials, ((i * n_heads + h) * splits + z) * (v_width + 2) floats
+// on, for latent_attention_combine. Lane l holds features l, l+32, ... of q and of the values. The
+// running maximum starts at -FLT_MAX, not -inf, so that exp(score - max) is 0, never NaN, for hidden
+// slots (-inf) and for a split that sees none.
+// LAUNCH: block = MLA_WARPS * 32, grid = (n_tok, n_heads, splits); v_width <= k_width <= 32 * MLA_MAX_PER_LANE.
 extern "C" __global__ void __launch_bounds__(MLA_WARPS * WARP)
 latent_attention(const float* q, const __half* cache, const int* slot_seg, const int* seg, float* out,
-                 const int* start_at, int n_heads, int k_width, int v_width, float scale) {
+                 const int* start_at, int n_heads, int k_width, int v_width, float scale, float* partials) {
     __shared__ float merge_max[MLA_WARPS], merge_sum[MLA_WARPS];
     __shared__ float merge_acc[MLA_WARPS][MLA_MAX_PER_LANE * WARP];
     const int i = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const int last = *start_at + i, own_seg = seg[i];
+    const int n_slots = *start_at + i + 1, own_seg = seg[i];
+    const int per_split = (n_slots + gridDim.z - 1) / gridDim.z;
+    const int begin = blockIdx.z * per_split, end = min(n_slots, begin + per_split);
     const float* q_row = q + ((size_t)i * n_heads + h) * k_width;
     float qv[MLA_MAX_PER_LANE], acc[MLA_MAX_PER_LANE];
 #pragma unroll
@@ -70,13 +76,13 @@ latent_attention(const float* q, const __half* cache, const int* slot_seg, const
         acc[e] = 0.0f;
     }
     float run_max = -FLT_MAX, run_sum = 0.0f;
-    for (int j0 = warp * MLA_STEP; j0 <= last; j0 += MLA_WARPS * MLA_STEP) {
-        // the step's loads first, so they are in flight together; slots past `last` re-read it
+    for (int j0 = begin + warp * MLA_STEP; j0 < end; j0 += MLA_WARPS * MLA_STEP) {
+        // the step's loads first, so they are in flight together; slots past the run re-read its last
         float row[MLA_STEP][MLA_MAX_PER_LANE];
         int slot_s[MLA_STEP];
 #pragma unroll
         for (int u = 0; u < MLA_STEP; ++u) {
-            const int j = min(j0 + u, last);
+            const int j = min(j0 + u, end - 1);
             const __half* r = cache + (size_t)j * k_width;
             slot_s[u] = slot_seg[j];
 #pragma unroll
@@ -92,7 +98,7 @@ latent_attention(const float* q, const __half* cache, const int* slot_seg, const
 #pragma unroll
             for (int e = 0; e < MLA_MAX_PER_LANE; ++e) dot += qv[e] * row[u][e];
             dot = warp_sum(dot) * scale;
-            const bool seen = j0 + u <= last && (slot_s[u] == 0 || slot_s[u] == own_seg);
+            const bool seen = j0 + u < end && (slot_s[u] == 0 || slot_s[u] == own_seg);
             score[u] = seen ? dot : -INFINITY;
             step_max = fmaxf(step_max, score[u]);
         }
@@ -115,7 +121,7 @@ latent_attention(const float* q, const __half* cache, const int* slot_seg, const
     for (int e = 0; e < MLA_MAX_PER_LANE; ++e)
         if (e * WARP + lane < v_width) merge_acc[warp][e * WARP + lane] = acc[e];
     __syncthreads();
-    // a warp that saw no slot weighs exp(-FLT_MAX - m) = 0; some warp saw the query's own slot
+    // a warp that saw no slot weighs exp(-FLT_MAX - m) = 0
     float m = merge_max[0];
 #pragma unroll
     for (int w = 1; w < MLA_WARPS; ++w) m = fmaxf(m, merge_max[w]);
@@ -125,12 +131,40 @@ latent_attention(const float* q, const __half* cache, const int* slot_seg, const
         wt[w] = expf(merge_max[w] - m);
         total += wt[w] * merge_sum[w];
     }
-    const float inv_total = 1.0f / total;
-    float* out_row = out + ((size_t)i * n_heads + h) * v_width;
+    const size_t pair = (size_t)i * n_heads + h;
+    float* dst = gridDim.z == 1 ? out + pair * v_width : partials + (pair * gridDim.z + blockIdx.z) * (v_width + 2) + 2;
+    const float norm = gridDim.z == 1 ? 1.0f / total : 1.0f;  // one split saw the query's own slot: total > 0
     for (int c = threadIdx.x; c < v_width; c += blockDim.x) {
         float o = 0.0f;
 #pragma unroll
         for (int w = 0; w < MLA_WARPS; ++w) o += wt[w] * merge_acc[w][c];
-        out_row[c] = o * inv_total;
+        dst[c] = o * norm;
+    }
+    if (gridDim.z > 1 && threadIdx.x == 0) dst[-2] = m, dst[-1] = total;
+}
+
+// The splits of latent_attention merged: out (n_tok, n_heads * v_width) = sum_z exp(max_z - M) acc_z /
+// sum_z exp(max_z - M) sum_z, M the largest max_z (some split saw the query's own slot).
+// LAUNCH: block = 256, grid = (n_tok, n_heads); splits <= 256.
+extern "C" __global__ void __launch_bounds__(256)
+latent_attention_combine(const float* partials, float* out, int splits, int v_width) {
+    __shared__ float wt[256];
+    __shared__ float inv_total;
+    const size_t pair = (size_t)blockIdx.x * gridDim.y + blockIdx.y;
+    const float* part = partials + pair * splits * (v_width + 2);
+    if (threadIdx.x == 0) {
+        float m = -FLT_MAX, total = 0.0f;
+        for (int z = 0; z < splits; ++z) m = fmaxf(m, part[z * (v_width + 2)]);
+        for (int z = 0; z < splits; ++z) {
+            wt[z] = expf(part[z * (v_width + 2)] - m);
+            total += wt[z] * part[z * (v_width + 2) + 1];
+        }
+        inv_total = 1.0f / total;
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < v_width; c += blockDim.x) {
+        float o = 0.0f;
+        for (int z = 0; z < splits; ++z) o += wt[z] * part[z * (v_width + 2) + 2 + c];
+        out[pair * v_width + c] = o * inv_total;
     }
 }

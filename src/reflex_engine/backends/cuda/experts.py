@@ -18,6 +18,9 @@ from .device import F32, F64, I64, INT, PTR
 MOE_WARPS = 4  # kernels/moe.cu: output rows per block
 ROUTE_THREADS, ROUTE_MAX_EXPERTS, ROUTE_MAX_USED, ROUTE_MAX_GROUPS = 256, 1024, 64, 64  # kernels/moe.cu
 MLA_MAX_WIDTH, MLA_THREADS = 576, 256  # kernels/mla.cu: 18 features a lane, MLA_WARPS * 32
+# a decode step's slots split over up to 64 blocks a head, at least 128 slots each, their partial
+# softmaxes in the scratch CudaOps keeps for attention's (which bounds the splits of a long batch)
+MLA_MAX_SPLITS, MLA_SPLIT_SLOTS = 64, 128
 
 
 def matrix_bytes(weight) -> int:
@@ -113,13 +116,22 @@ class ExpertOps:
         dev.launch("kv_store", (t,), 256, (PTR(kv.ptr), PTR(0), PTR(cache.k[layer]), PTR(0), PTR(cache.segments),
                                            PTR(self._segments), PTR(self._start), INT(t), INT(width), INT(0)))
         out = self._new(t, n_heads * v_width)
-        dev.launch("latent_attention", (t, n_heads), MLA_THREADS,
+        splits = max(1, min(MLA_MAX_SPLITS, -(-cache.shape.capacity // MLA_SPLIT_SLOTS),
+                            _cuda_ops().ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (v_width + 2))))
+        dev.launch("latent_attention", (t, n_heads, splits), MLA_THREADS,
                    (PTR(q.ptr), PTR(cache.k[layer]), PTR(cache.segments), PTR(self._segments), PTR(out.ptr),
-                    PTR(self._start), INT(n_heads), INT(width), INT(v_width), F32(scale)))
+                    PTR(self._start), INT(n_heads), INT(width), INT(v_width), F32(scale), PTR(self._partials)))
+        if splits > 1:
+            dev.launch("latent_attention_combine", (t, n_heads), 256, (PTR(self._partials), PTR(out.ptr), INT(splits),
+                                                                      INT(v_width)))
         return out
 
 
-def _kernel(name: str, weight) -> str:
-    from .ops import kernel_suffix  # here, not at the top: ops.py imports this module
+def _cuda_ops():
+    from . import ops  # here, not at the top: ops.py imports this module
 
-    return f"{name}_{kernel_suffix(weight.ggml_type)}"
+    return ops
+
+
+def _kernel(name: str, weight) -> str:
+    return f"{name}_{_cuda_ops().kernel_suffix(weight.ggml_type)}"
