@@ -130,6 +130,24 @@ def test_every_token_to_one_expert_and_experts_nobody_picks(gpu):
         assert np.isfinite(got).all()
 
 
+def test_stacked_experts_of_a_type_without_kernels_become_f16_at_load(gpu):
+    """A 3-D IQ4_NL tensor is dequantized once at load to n_expert F16 matrices, each one's values
+    contiguous; the only difference from the reference is the f16 rounding of each weight."""
+    n_expert, e, f, n_tok, k = 4, 256, 64, 5, 2
+    block, size = GGML_BLOCK[GGMLType.IQ4_NL]
+    mats = []
+    for n_rows, n_cols in ((f, e), (f, e), (e, f)):
+        blocks = rng.integers(0, 256, (n_expert * n_rows * n_cols // block, size), dtype=np.uint8)
+        blocks[:, 0:2] = rng.uniform(0.001, 0.01, len(blocks)).astype("<f2").view(np.uint8).reshape(-1, 2)  # finite scales
+        shape, data = (n_cols, n_rows, n_expert), blocks.tobytes()
+        w_gpu = loaded(gpu, "w", GGMLType.IQ4_NL, shape, data)
+        assert w_gpu.ggml_type == GGMLType.F16
+        mats.append((cpu.load_weight("w", GGMLType.IQ4_NL, shape, data).astype(np.float16).astype(np.float32), w_gpu))
+    x = rng.standard_normal((n_tok, e)).astype(np.float32)
+    experts = np.stack([rng.permutation(n_expert)[:k] for _ in range(n_tok)])
+    check_moe(gpu, x, experts, rng.uniform(0, 1, (n_tok, k)).astype(np.float32), mats)
+
+
 @pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0", "Q4_0"])
 def test_qwen3moe_on_cuda_matches_transformers(qtype):
     model_path, golden_path = paths("qwen3moe", qtype)
