@@ -12,6 +12,15 @@ constexpr int MATVEC_MAX_TOKENS = 8;
 constexpr int MATVEC_THREADS = 128;
 constexpr int MATVEC_ROWS = 2;  // rows a block computes, sharing each x piece it loads
 constexpr int MATVEC_PIECE = 16;  // elements a thread unpacks at a time (B::piece)
+constexpr int MATVEC_AHEAD = 2;  // passes over the rows whose weights are requested before they are read
+
+// Asks L2 for the bytes of piece p of a row (its share of the row, for the block types), so a
+// thread has more than its current pass in flight without holding registers for it.
+template <class B>
+__device__ __forceinline__ void prefetch_piece(const uint8_t* row, int p, int n_pieces) {
+    if (p < n_pieces)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(row + (size_t)p * MATVEC_PIECE * sizeof(B) / B::elems)));
+}
 
 // x[k0..k0+15] of one token's row, 0 past n_cols.
 __device__ __forceinline__ void x_piece(const float* __restrict__ x_row, int k0, int n_cols, float v[MATVEC_PIECE]) {
@@ -39,10 +48,17 @@ __device__ __forceinline__ void matvec(const uint8_t* __restrict__ W, const floa
         rows[r] = W + (size_t)min(r0 + r, n_rows - 1) * row_bytes<B>(n_cols);
 
     float acc[MATVEC_ROWS][MATVEC_MAX_TOKENS] = {};
+#pragma unroll
+    for (int k = 1; k < MATVEC_AHEAD; ++k)
+#pragma unroll
+        for (int r = 0; r < MATVEC_ROWS; ++r) prefetch_piece<B>(rows[r], threadIdx.x + k * MATVEC_THREADS, n_pieces);
     for (int p = threadIdx.x; p < n_pieces; p += MATVEC_THREADS) {
         float q[MATVEC_ROWS][MATVEC_PIECE], d[MATVEC_ROWS], m[MATVEC_ROWS];
 #pragma unroll
-        for (int r = 0; r < MATVEC_ROWS; ++r) B::piece(rows[r], p, n_cols, q[r], d[r], m[r]);
+        for (int r = 0; r < MATVEC_ROWS; ++r) {
+            prefetch_piece<B>(rows[r], p + MATVEC_AHEAD * MATVEC_THREADS, n_pieces);
+            B::piece(rows[r], p, n_cols, q[r], d[r], m[r]);
+        }
 #pragma unroll
         for (int t = 0; t < MATVEC_MAX_TOKENS; ++t) {
             if (t >= n_tok) break;
