@@ -4,12 +4,13 @@
 // piece is unpacked once and used for every token, its scale (and min) applied once per token to
 // the piece's dot product. x is read through L1, which the blocks on an SM share, and no barrier
 // is met until the warps' sums are added at the end.
-// LAUNCH: block = MATVEC_THREADS (128), grid.x = ceil(n_rows / MATVEC_ROWS) (MATVEC_ROWS = 2).
+// LAUNCH: block = any multiple of 32 up to MATVEC_THREADS (128): 32 · min(4, ceil(n_cols / 512))
+// leaves no thread without a piece on narrow rows; grid.x = ceil(n_rows / MATVEC_ROWS) (MATVEC_ROWS = 2).
 #include "common.cuh"
 #include "quant_blocks.cuh"
 
 constexpr int MATVEC_MAX_TOKENS = 8;
-constexpr int MATVEC_THREADS = 128;
+constexpr int MATVEC_THREADS = 128;  // the most a block may have
 constexpr int MATVEC_ROWS = 2;  // rows a block computes, sharing each x piece it loads
 constexpr int MATVEC_PIECE = 16;  // elements a thread unpacks at a time (B::piece)
 constexpr int MATVEC_AHEAD = 2;  // passes over the rows whose weights are requested before they are read
@@ -51,12 +52,12 @@ __device__ __forceinline__ void matvec(const uint8_t* __restrict__ W, const floa
 #pragma unroll
     for (int k = 1; k < MATVEC_AHEAD; ++k)
 #pragma unroll
-        for (int r = 0; r < MATVEC_ROWS; ++r) prefetch_piece<B>(rows[r], threadIdx.x + k * MATVEC_THREADS, n_pieces);
-    for (int p = threadIdx.x; p < n_pieces; p += MATVEC_THREADS) {
+        for (int r = 0; r < MATVEC_ROWS; ++r) prefetch_piece<B>(rows[r], threadIdx.x + k * blockDim.x, n_pieces);
+    for (int p = threadIdx.x; p < n_pieces; p += blockDim.x) {
         float q[MATVEC_ROWS][MATVEC_PIECE], d[MATVEC_ROWS], m[MATVEC_ROWS];
 #pragma unroll
         for (int r = 0; r < MATVEC_ROWS; ++r) {
-            prefetch_piece<B>(rows[r], p + MATVEC_AHEAD * MATVEC_THREADS, n_pieces);
+            prefetch_piece<B>(rows[r], p + MATVEC_AHEAD * blockDim.x, n_pieces);
             B::piece(rows[r], p, n_cols, q[r], d[r], m[r]);
         }
 #pragma unroll
@@ -93,8 +94,7 @@ __device__ __forceinline__ void matvec(const uint8_t* __restrict__ W, const floa
     const int r = threadIdx.x / MATVEC_MAX_TOKENS, t = threadIdx.x % MATVEC_MAX_TOKENS;
     if (r < MATVEC_ROWS && r0 + r < n_rows && t < n_tok) {
         float s = 0.0f;
-#pragma unroll
-        for (int w = 0; w < MATVEC_THREADS / WARP; ++w) s += partial[w][r][t];
+        for (int w = 0; w < (int)blockDim.x / WARP; ++w) s += partial[w][r][t];
         y[(size_t)t * n_rows + r0 + r] = s;
     }
 }

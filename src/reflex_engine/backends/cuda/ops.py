@@ -282,7 +282,8 @@ class CudaOps(ExpertOps):
         args = (PTR(self._ready(weight)), PTR(x.ptr), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols), INT(x.rows))
         suffix = kernel_suffix(weight.ggml_type)
         if x.rows <= MATVEC_MAX_TOKENS:
-            self.device.launch(f"matvec_{suffix}", (-(-weight.n_rows // 2),), 128, args)  # kernels/matvec.cu: 2 rows a block
+            # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4
+            self.device.launch(f"matvec_{suffix}", (-(-weight.n_rows // 2),), 32 * min(4, -(-weight.n_cols // 512)), args)
         elif x.rows >= F16_GEMM_MIN_TOKENS and weight.n_cols % 32 == 0 and 2 * weight.n_cols <= self._w16_bytes:
             self._matmul_f16(x, weight, out, suffix)
         else:
