@@ -6,8 +6,8 @@
 #               every golden fixture
 #   BENCH=1     random Qwen3-0.6B- and 8B-shaped files (QUANTS: q4_k_m q8_0), `reflex bench` on each
 #               and llama.cpp's llama-bench on the same files, after llama.cpp is built
-#   COLD=1      the cold-start harness (bench/cold_start.py) beside the floor and llama.cpp (COLD_LLAMA=0:
-#               without llama.cpp, so without its build)
+#   COLD=1      the cold-start harness (bench/cold_start.py) beside the floor and llama.cpp
+#   WITH_LLAMA=0  BENCH and COLD without llama.cpp, so without its build
 #   SIDECAR=1   with COLD: the sidecar's cold start (sidecar/tools/cold_start.py, its wheels in .whl/)
 #   SMOLLM2=1   SmolLM2 on CUDA, from .smollm2/ pieces gathered over consecutive warm calls
 # llama.cpp builds in the background from the first second when BENCH or COLD asks for it; no
@@ -33,7 +33,7 @@ reflex() { python3 -m reflex_engine "$@"; }
 LLAMA=/tmp/peer/build/bin
 
 PEER=
-if { [ "${BENCH:-0}" = 1 ] || { [ "${COLD:-0}" = 1 ] && [ "${COLD_LLAMA:-1}" = 1 ]; }; } && [ ! -x $LLAMA/llama-bench ] && ls .peers/llama.cpp-*.tar.xz >/dev/null 2>&1; then
+if { [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ]; } && [ "${WITH_LLAMA:-1}" = 1 ] && [ ! -x $LLAMA/llama-bench ] && ls .peers/llama.cpp-*.tar.xz >/dev/null 2>&1; then
     ( mkdir -p /tmp/peer && tar -xJf .peers/llama.cpp-*.tar.xz -C /tmp/peer \
       && cmake -S /tmp/peer/llama.cpp -B /tmp/peer/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
            -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
@@ -110,7 +110,7 @@ if [ "${BENCH:-0}" = 1 ]; then
             [ "$(elapsed)" -gt $(( END - 90 )) ] && { echo "bench: no time left for $shape $quant"; continue; }
             echo "## $shape $quant at $(elapsed) s" | tee -a "$LOG"
             reflex bench "$f" --device cuda --runs 3 2>&1 | tee -a "$LOG"
-            if [ -x $LLAMA/llama-bench ]; then  # prefill from an empty context; decode after 128 and 4,096 tokens
+            if [ "${WITH_LLAMA:-1}" = 1 ] && [ -x $LLAMA/llama-bench ]; then  # prefill from an empty context; decode after 128 and 4,096 tokens
                 $LLAMA/llama-bench -m "$f" -ngl 99 -p 16,128,512,2048 -n 0 -r 3 -o md 2>&1 | grep -E "^\|" | tee -a "$LOG"
                 $LLAMA/llama-bench -m "$f" -ngl 99 -p 0 -n 64 -d 128,4096 -r 3 -o md 2>&1 | grep -E "tg" | tee -a "$LOG"
             fi
@@ -123,7 +123,7 @@ if [ "${COLD:-0}" = 1 ]; then
     python3 -m venv --without-pip /tmp/cold-venv  # a clean interpreter, as a user's venv: no site-packages .pth hooks
     wait_peer  # nothing compiles beside the timings
     echo "harness starts at $(elapsed) s"
-    llama_bin=; [ "${COLD_LLAMA:-1}" = 1 ] && llama_bin="--llama-bin $LLAMA"
+    llama_bin=; [ "${WITH_LLAMA:-1}" = 1 ] && llama_bin="--llama-bin $LLAMA"
     python3 bench/cold_start.py --model 0.6b="$(model_file 0.6b q4_k_m)" --model 8b="$(model_file 8b q4_k_m)" \
         $llama_bin --floor-bin /tmp/floor --python /tmp/cold-venv/bin/python --n "${COLD_N:-10}" \
         --deadline-s $(( END - $(elapsed) - ${SIDECAR_S:-0} )) --out "$OUT/cold" 2>&1 | tail -60
