@@ -96,8 +96,8 @@ __host__ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (
 }
 
 // N little-endian 32-bit words from a 2-byte aligned p, as N + 1 aligned 32-bit loads realigned
-// by funnel shifts instead of 2N 16-bit loads. It reads the 2 bytes before p or after its N words
-// (whichever the alignment takes): the caller must own them.
+// by funnel shifts instead of 2N 16-bit loads. Those loads reach up to 2 bytes before p and 4
+// past its N words: the caller must own them.
 template <int N>
 __host__ __device__ __forceinline__ void load_words_shifted(const uint8_t* p, uint32_t (&w)[N]) {
 #ifdef __CUDA_ARCH__
@@ -589,8 +589,8 @@ struct block_q6_K {
     __host__ __device__ static void piece(const uint8_t* row, int p, int, float q[16], float& d, float& m) {
         const block_q6_K& b = reinterpret_cast<const block_q6_K*>(row)[p / 16];
         const int s = p % 16 / 2, h = s / 4, k = s % 4, l0 = 16 * (p % 2);
-        // the 2 bytes around either run are this block's or, before ql[0], the tensor's previous block
-        // (the first block of a tensor is 16-byte aligned)
+        // the bytes load_words_shifted reaches past either run are this block's (qh, scales); before
+        // ql[0], those of the tensor's previous block (its first block is 16-byte aligned)
         uint32_t lo[4], hi[4];
         load_words_shifted(b.ql + 64 * h + 32 * (k % 2) + l0, lo);
         load_words_shifted(b.qh + 32 * h + l0, hi);
