@@ -24,6 +24,9 @@ KERNEL_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLTy
                 GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
                 GGMLType.Q6_K)
 MATVEC_MAX_TOKENS = 8  # kernels/matvec.cu: up to 8 tokens share one pass over the weights
+# up to here a matmul is passes of 8 tokens over the weights, not the tiled GEMM: H200, 8B Q4_K_M,
+# 16 tokens: 47.4 ms a pass with the GEMM, which reads the weights at ~100 GB/s
+MATVEC_PASSES_MAX_TOKENS = 32
 MAX_BATCH = 512  # tokens per forward pass; the engine splits longer batches
 TOP_K_MAX = 256  # kernels/sampling.cu top_k
 TILED_ATTENTION_MIN_TOKENS = 64  # below this, 16 queries a block leave the GPU too few blocks
@@ -215,10 +218,11 @@ class CudaOps(ExpertOps):
 
     def from_host(self, x) -> Tensor:
         """A C-contiguous float32 (rows, cols) host buffer as a device activation (tests, tools)."""
-        view = memoryview(x).cast("B")
         rows, cols = x.shape
         out = self._new(rows, cols)
-        self.device.upload(out.ptr, buffer_address(view), view.nbytes)
+        if rows * cols:  # memoryview cannot cast an empty array
+            view = memoryview(x).cast("B")
+            self.device.upload(out.ptr, buffer_address(view), view.nbytes)
         return out
 
     def poison(self) -> None:
@@ -281,14 +285,20 @@ class CudaOps(ExpertOps):
         out = self._new(x.rows, weight.n_rows)
         args = (PTR(self._ready(weight)), PTR(x.ptr), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols), INT(x.rows))
         suffix = kernel_suffix(weight.ggml_type)
-        if x.rows <= MATVEC_MAX_TOKENS:
-            # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4
-            self.device.launch(f"matvec_{suffix}", (-(-weight.n_rows // 2),), 32 * min(4, -(-weight.n_cols // 512)), args)
+        if x.rows <= MATVEC_PASSES_MAX_TOKENS:  # rows of x and of out are tokens: a pass takes 8 of each
+            for t in range(0, x.rows, MATVEC_MAX_TOKENS):
+                self._matvec(weight, x.ptr + 4 * t * x.cols, out.ptr + 4 * t * weight.n_rows,
+                             min(MATVEC_MAX_TOKENS, x.rows - t), suffix)
         elif x.rows >= F16_GEMM_MIN_TOKENS and weight.n_cols % 32 == 0 and 2 * weight.n_cols <= self._w16_bytes:
             self._matmul_f16(x, weight, out, suffix)
         else:
             self.device.launch(f"gemm_{suffix}", (-(-weight.n_rows // 64), -(-x.rows // 64)), 128, args)
         return out
+
+    def _matvec(self, weight: Weight, x_ptr: int, out_ptr: int, n_tok: int, suffix: str) -> None:
+        # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4
+        self.device.launch(f"matvec_{suffix}", (-(-weight.n_rows // 2),), 32 * min(4, -(-weight.n_cols // 512)),
+                           (PTR(weight.ptr), PTR(x_ptr), PTR(out_ptr), INT(weight.n_rows), INT(weight.n_cols), INT(n_tok)))
 
     def _matmul_f16(self, x: Tensor, weight: Weight, out: Tensor, suffix: str) -> None:
         """Long prompts (kernels/gemm_f16.cu): as many weight rows as the scratch holds dequantized
