@@ -24,6 +24,8 @@ KERNEL_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLTy
                 GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
                 GGMLType.Q6_K)
 MATVEC_MAX_TOKENS = 8  # kernels/matvec.cu: up to 8 tokens share one pass over the weights
+# kernels/matvec_q8.cu: the decode matvec of these types dots int8 x blocks with the integer quants
+Q8_MATVEC_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 # up to here a matmul is passes of 8 tokens over the weights, not the tiled GEMM: H200, 8B Q4_K_M,
 # 16 tokens: 47.4 ms a pass with the GEMM, which reads the weights at ~100 GB/s
 MATVEC_PASSES_MAX_TOKENS = 32
@@ -131,6 +133,10 @@ class CudaOps(ExpertOps):
         self._w16_bytes = aligned(min(W16_MAX_BYTES, max((2 * math.prod(shape) for _, shape in tensors if len(shape) == 2), default=0)))
         scratch = (sum(aligned(4 * n) for n in ints.values()) + aligned(8 * 2 * MAX_BATCH) + aligned(8 * TOP_K_MAX + 16)
                    + self._w16_bytes + ATTENTION_PARTIALS_BYTES)
+        # a matvec pass's x as int8 blocks (1 byte an element, then 8 bytes (d, d·Σq) a block of 32)
+        self._q8_width = max([activation_width] + [shape[0] for _, shape in tensors if len(shape) == 2])
+        q8_bytes = aligned(MATVEC_MAX_TOKENS * self._q8_width) + aligned(MATVEC_MAX_TOKENS * self._q8_width // 4)
+        scratch += q8_bytes
         # three pools: decode-sized buffers (a step's addresses never move), the same for a captured
         # decode step alone (graph.py), and whole-pass ones
         small, large = aligned(2 * MATVEC_MAX_TOKENS * activation_width * 4), aligned(MAX_BATCH * activation_width * 4)
@@ -149,6 +155,8 @@ class CudaOps(ExpertOps):
         self._top = s.carve(8 * TOP_K_MAX + 16)  # top_k's ids, values and (max, sum of exp)
         self._w16 = s.carve(self._w16_bytes) if self._w16_bytes else 0
         self._partials = s.carve(ATTENTION_PARTIALS_BYTES)
+        self._xq = s.carve(q8_bytes)
+        self._xds = self._xq + aligned(MATVEC_MAX_TOKENS * self._q8_width)
 
     def _regions(self, sizes: list[tuple[int, str]]) -> list[Region]:
         """One device allocation each; if one fails (memory taken since the plan's check), the
@@ -296,6 +304,15 @@ class CudaOps(ExpertOps):
         return out
 
     def _matvec(self, weight: Weight, x_ptr: int, out_ptr: int, n_tok: int, suffix: str) -> None:
+        # kernels/matvec_q8.cu: x to int8 blocks, then 2 rows a block, a warp per 1,024 columns (32 units), at most 4;
+        # a weight wider than reserve planned the int8 scratch for keeps the float kernel
+        if weight.ggml_type in Q8_MATVEC_TYPES and weight.n_cols <= self._q8_width:
+            n = n_tok * weight.n_cols
+            self.device.launch("quantize_q8", (-(-n // 1024),), 256, (PTR(x_ptr), PTR(self._xq), PTR(self._xds), INT(n)))
+            self.device.launch(f"matvec_q8_{suffix}", (-(-weight.n_rows // 2),), 32 * min(4, -(-weight.n_cols // 1024)),
+                               (PTR(weight.ptr), PTR(self._xq), PTR(self._xds), PTR(out_ptr), INT(weight.n_rows),
+                                INT(weight.n_cols), INT(n_tok)))
+            return
         # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4
         self.device.launch(f"matvec_{suffix}", (-(-weight.n_rows // 2),), 32 * min(4, -(-weight.n_cols // 512)),
                            (PTR(weight.ptr), PTR(x_ptr), PTR(out_ptr), INT(weight.n_rows), INT(weight.n_cols), INT(n_tok)))
