@@ -32,8 +32,11 @@ class BackendStart:
         self._cuda = self._error = None
         self._thread = None
         if device != "cpu":
-            from .cuda.device import configure_driver_environment
+            # imported here, not on the thread: there its import waited on the GIL and on the import
+            # locks of modules the main thread was importing (H200: the init began ~40 ms late)
+            from .cuda.device import Device, configure_driver_environment
 
+            self._device_class = Device
             configure_driver_environment()  # before the thread: setenv is not safe beside getenv
             # Each time a driver call returns, the init thread needs the GIL back from the busy main
             # thread, which yields it only every switch interval (5 ms): ~20 calls, up to ~100 ms.
@@ -43,11 +46,9 @@ class BackendStart:
             self._thread.start()
 
     def _init_cuda(self) -> None:
-        from .cuda.device import Device
-
         start = time.perf_counter()
         try:
-            self._cuda = Device()
+            self._cuda = self._device_class()
         except BaseException as e:  # re-raised on the caller's thread by ops()
             self._error = e
         self.cuda_init_ms = (time.perf_counter() - start) * 1e3
@@ -56,14 +57,14 @@ class BackendStart:
         """The backend, once ready (blocks until the driver's init ends). `cpu_only`: why the model
         needs the CPU backend, the error for `cuda`; `auto` then takes the CPU whatever the GPU."""
         if self._thread is not None:
+            from .cuda import CudaOps  # while the driver may still be initialising
+
             self._thread.join()
             sys.setswitchinterval(self._switch_interval)
         if cpu_only is not None and self.device == "cuda":
             raise ReflexError(cpu_only)
         if self._thread is not None and cpu_only is None:
             if self._error is None:
-                from .cuda import CudaOps
-
                 return CudaOps(self._cuda)
             if not (isinstance(self._error, CudaUnavailable) and self.device == "auto"):
                 raise self._error

@@ -2,20 +2,18 @@
 the first pass already runs.
 
 A copy from pageable memory goes through the driver's staging buffers at a fraction of the
-link's rate. Pinning the file's own pages (`cuMemHostRegister`, read-only) lets the copy engine
-read them directly; pinning is the slow part (page-table work in the kernel), so chunks are
-faulted in (`MADV_POPULATE_READ`) and pinned by a few threads at once, each copying its chunks
-on its own stream. Measured on an H200 (design brief): 0.42 GB in 26.6 ms with 2-4 threads,
-against 37.6 ms with one.
+link's rate (H200, 2026-12-01: 5 GB in ~750 ms against ~160 ms pinned). Pinning the file's own
+pages (`cuMemHostRegister`, read-only) lets the copy engine read them directly; pinning is the
+slow part (page-table work in the kernel), so chunks are faulted in (`MADV_POPULATE_READ`) and
+pinned by a few threads at once (design brief: 0.42 GB in 26.6 ms with 2-4 threads, against
+37.6 ms with one), while one more thread copies each chunk as soon as it is pinned, in order,
+on one stream, and records a CUDA event after it.
 
-The copies run in the background: after each chunk's copies a thread records a CUDA event, and
-a weight's first reader waits on the host for the events of the chunks holding it before it
-enqueues its kernels. A prompt's pass therefore runs on the first layers while later ones are
-in flight, so chunks go in the order the weights were loaded (a pass's order), not the file's.
-The wait is the host's, not a cross-stream wait on the device: with the one hardware work queue
-the engine asks the driver for (device.py), a stream waiting on another's event in that queue
-held back the copies queued behind it (H200, 2026-12-01: the first pass then took about as long
-as the upload and the pass one after the other).
+A weight's first reader waits on the host for the events of the chunks holding it, then
+enqueues its kernels, so a prompt's pass can run on the first layers while later ones are in
+flight; chunks go in the order the weights were loaded (a pass's order), not the file's.
+Unpinning waits until `finish()`, after the first output: on the H200, unpinning 0.42 GB cost
+tens of milliseconds, and unpinning beside a running pass held the pass back.
 
 Only a file mapping's pages are pinned: they hold nothing else, while pinning a heap buffer's
 pages would pin its neighbours' too, and the driver refuses a copy from memory that is partly
@@ -91,10 +89,12 @@ def _madvise(start: int, length: int, advice: int) -> None:
 
 
 class Upload:
-    """The copies, started at once on `threads` threads; `wait(i)` returns once copy i has
-    landed, `finish()` once all have. A chunk the driver will not pin (e.g. no read-only
-    registration) is copied from pageable memory. A failed copy is raised by the next `wait`
-    or `finish`, never left for a waiter to hang on."""
+    """The copies, started at once: `threads` threads pin the chunks, one more copies each chunk
+    as soon as it is pinned, in order, on one stream. `wait(i)` returns once copy i has landed,
+    `finish()` once all have; only then are the pages unpinned (the first output is out by the
+    time the engine asks). A chunk the driver will not pin (e.g. no read-only registration) is
+    copied from pageable memory. A failure is raised by the next `wait` or `finish`, never left
+    for a waiter to hang on."""
 
     def __init__(self, device, copies: Sequence[Copy], threads: int = THREADS):
         self.device, self.nbytes = device, sum(c.nbytes for c in copies)
@@ -104,35 +104,54 @@ class Upload:
             for owner in chunk.owners:
                 if not self._chunks_of[owner] or self._chunks_of[owner][-1] != j:
                     self._chunks_of[owner].append(j)
+        self._pinned = [threading.Event() for _ in self.chunks]  # chunk j is pinned (or was refused)
         self._queued = [threading.Event() for _ in self.chunks]  # chunk j's copies and event are enqueued
         self._events = []
         for _ in self.chunks:
             self._events.append(c_void_p())
             device.drv.cuEventCreate(byref(self._events[-1]), cu.EVENT_DISABLE_TIMING)
+        self._registered: list[int] = []  # starts of the pinned ranges
         self._landed: set[int] = set()  # chunks wait() has seen land
         self._errors: list[BaseException] = []
-        self._started, self._copy_ends = time.perf_counter(), []  # when each thread saw its copies end
-        queue = iter(list(enumerate(self.chunks)))  # shared: each chunk goes to whichever thread is free
-        self._threads = [threading.Thread(target=self._work, args=(queue,), name=f"reflex-upload-{i}")
+        self._started = self._copied_at = time.perf_counter()
+        pins = iter(list(enumerate(self.chunks)))  # shared: each chunk goes to whichever thread is free
+        self._threads = [threading.Thread(target=self._pin, args=(pins,), name=f"reflex-pin-{i}")
                          for i in range(min(threads, len(self.chunks)))]
+        self._threads.append(threading.Thread(target=self._copy, name="reflex-upload"))
         for t in self._threads:
             t.start()
 
-    def _work(self, queue) -> None:
-        device, stream, pinned = self.device, c_void_p(), []
-        drv = device.drv
+    def _fail(self, e: BaseException) -> None:
+        self._errors.append(e)
+        for event in self._pinned + self._queued:  # wake every waiter: it raises the error
+            event.set()
+
+    def _pin(self, pins) -> None:
         try:
-            device.make_current()
-            drv.cuStreamCreate(byref(stream), cu.STREAM_NON_BLOCKING)
-            for j, chunk in queue:
+            self.device.make_current()
+            for j, chunk in pins:
                 length = chunk.end - chunk.start
                 if length:
                     _madvise(chunk.start, length, MADV_POPULATE_READ)
                     try:
-                        drv.cuMemHostRegister_v2(chunk.start, length, cu.HOST_REGISTER_READ_ONLY)
-                        pinned.append(chunk.start)
+                        self.device.drv.cuMemHostRegister_v2(chunk.start, length, cu.HOST_REGISTER_READ_ONLY)
+                        self._registered.append(chunk.start)
                     except cu.CudaError:
                         pass
+                self._pinned[j].set()
+        except BaseException as e:
+            self._fail(e)
+
+    def _copy(self) -> None:
+        drv, stream = self.device.drv, c_void_p()
+        try:
+            self.device.make_current()
+            drv.cuStreamCreate(byref(stream), cu.STREAM_NON_BLOCKING)
+            for j, chunk in enumerate(self.chunks):
+                self._pinned[j].wait()
+                if self._errors:
+                    return
+                if chunk.end > chunk.start:
                     for piece in chunk.copies:
                         drv.cuMemcpyHtoDAsync_v2(piece.dst, piece.src, piece.nbytes, stream)
                 else:  # pageable: the driver stages each copy before the call returns
@@ -145,16 +164,11 @@ class Upload:
                 drv.cuEventRecord(self._events[j], stream)
                 self._queued[j].set()
         except BaseException as e:
-            self._errors.append(e)
-            for queued in self._queued:  # wake every waiter: it raises the error
-                queued.set()
+            self._fail(e)
         finally:  # even after an error: the copies must end before their pages are unpinned
             if stream:
                 self._call(drv.cuStreamSynchronize, stream)
-            self._copy_ends.append(time.perf_counter())
-            for start in pinned:
-                self._call(drv.cuMemHostUnregister, start)
-            if stream:
+                self._copied_at = time.perf_counter()
                 self._call(drv.cuStreamDestroy_v2, stream)
 
     def _call(self, call, arg) -> None:
@@ -178,11 +192,14 @@ class Upload:
             self._landed.add(j)
 
     def finish(self) -> float:
-        """Wait for every copy; the ms from the start to the last copy's end."""
+        """Wait for every copy, unpin; the ms from the start to the last copy's end."""
         for t in self._threads:
             t.join()
+        drv = self.device.drv
+        for start in self._registered:
+            self._call(drv.cuMemHostUnregister, start)
         for event in self._events:
-            self._call(self.device.drv.cuEventDestroy_v2, event)
-        self._events = []
+            self._call(drv.cuEventDestroy_v2, event)
+        self._registered, self._events = [], []
         self._raise()
-        return (max(self._copy_ends, default=self._started) - self._started) * 1e3
+        return (self._copied_at - self._started) * 1e3
