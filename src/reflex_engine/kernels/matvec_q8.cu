@@ -26,9 +26,9 @@ __host__ __device__ __forceinline__ uint32_t sub_bytes(uint32_t w, uint32_t c) {
     return ((w | 0x80808080u) - c * 0x01010101u) ^ 0x80808080u;
 }
 
-// N little-endian words from a 2-byte aligned p: aligned 32-bit loads realigned by funnel shifts,
-// one more load only where p is not 4-byte aligned, so they reach at most 2 bytes either side of
-// the N words, and only then (for a run that ends a tensor, bytes of its 256-byte aligned carve).
+// N little-endian words of weights (read-only) from a 2-byte aligned p: aligned 32-bit loads
+// realigned by funnel shifts, one more only where p is not 4-byte aligned, so they reach at most 2
+// bytes either side of the N words, and only then (past a tensor's end: its 256-byte aligned carve).
 template <int N>
 __host__ __device__ __forceinline__ void load_words_realigned(const uint8_t* p, uint32_t (&w)[N]) {
 #ifdef __CUDA_ARCH__
@@ -36,8 +36,8 @@ __host__ __device__ __forceinline__ void load_words_realigned(const uint8_t* p, 
     const int shift = 8 * (int)(reinterpret_cast<uintptr_t>(p) & 3);
     uint32_t raw[N + 1];
 #pragma unroll
-    for (int i = 0; i < N; ++i) raw[i] = base[i];
-    raw[N] = shift ? base[N] : 0u;
+    for (int i = 0; i < N; ++i) raw[i] = __ldg(base + i);
+    raw[N] = shift ? __ldg(base + N) : 0u;
 #pragma unroll
     for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw[i], raw[i + 1], shift);
 #else
@@ -76,12 +76,13 @@ struct q8_unit {
     }
 };
 
-// Per type: n_units = n_cols / 32 units a row; runs(u, k0, k1); load(row, u, unit).
+// Per type: n_cols / 32 units a row; runs(u, k0, k1); load(row, u, unit); one_block where a unit's
+// runs are the two halves of one q8 block.
 template <class B> struct q8_type;
 
 // Unit u of Q8_0: block u, its first 16 quants run a, the next 16 run b.
 template <> struct q8_type<block_q8_0> {
-    static constexpr bool has_min = false;
+    static constexpr bool has_min = false, one_block = true;
     __host__ __device__ static void runs(int u, int& k0, int& k1) { k0 = 32 * u, k1 = 32 * u + 16; }
     __host__ __device__ static void load(const uint8_t* row, int u, q8_unit& w) {
         const uint8_t* b = row + (size_t)34 * u;
@@ -95,7 +96,7 @@ template <> struct q8_type<block_q8_0> {
 
 // Unit u of Q4_0: block u, low nibbles run a, high nibbles run b, each minus 8.
 template <> struct q8_type<block_q4_0> {
-    static constexpr bool has_min = false;
+    static constexpr bool has_min = false, one_block = true;
     __host__ __device__ static void runs(int u, int& k0, int& k1) { k0 = 32 * u, k1 = 32 * u + 16; }
     __host__ __device__ static void load(const uint8_t* row, int u, q8_unit& w) {
         const uint8_t* b = row + (size_t)18 * u;
@@ -109,7 +110,7 @@ template <> struct q8_type<block_q4_0> {
 
 // Unit u of Q5_0: as Q4_0, bit 4 of element j from bit j of qh, each minus 16.
 template <> struct q8_type<block_q5_0> {
-    static constexpr bool has_min = false;
+    static constexpr bool has_min = false, one_block = true;
     __host__ __device__ static void runs(int u, int& k0, int& k1) { k0 = 32 * u, k1 = 32 * u + 16; }
     __host__ __device__ static void load(const uint8_t* row, int u, q8_unit& w) {
         const uint8_t* b = row + (size_t)22 * u;
@@ -125,6 +126,19 @@ template <> struct q8_type<block_q5_0> {
     }
 };
 
+// scale_min_k4 of sub-chunks 2j and 2j + 1 from a Q4_K/Q5_K block's first 16 bytes (d, dmin, the
+// 12 scale bytes) in one load: the pair's 6-bit values are bytes 2(j % 2), 2(j % 2) + 1 of a word.
+__host__ __device__ __forceinline__ void scale_min_k4_pair(const uint32_t (&hd)[4], int j, float& sa, float& ma,
+                                                           float& sb, float& mb) {
+    const int sh = 16 * (j % 2);
+    const uint32_t lo = hd[1] >> sh, mid = hd[2] >> sh, hi = hd[3] >> sh;
+    const uint32_t sc = j < 2 ? lo & 0x3F3F : (hi & 0x0F0F) | (lo >> 2 & 0x3030);
+    const uint32_t m = j < 2 ? mid & 0x3F3F : (hi >> 4 & 0x0F0F) | (mid >> 2 & 0x3030);
+    const float d = f16_to_float(hd[0] & 0xFFFF), dmin = f16_to_float(hd[0] >> 16);
+    sa = mul_rn(d, (float)(sc & 0xFF)), sb = mul_rn(d, (float)(sc >> 8 & 0xFF));
+    ma = mul_rn(dmin, (float)(m & 0xFF)), mb = mul_rn(dmin, (float)(m >> 8 & 0xFF));
+}
+
 // Unit u of Q4_K/Q5_K: the 16 bytes qs[32j + 16h ..] of block u / 8 (j = u % 8 / 2, h = u % 2):
 // elements 16h.. of sub-chunk 2j in their low nibbles (run a), of sub-chunk 2j + 1 in their high
 // ones (run b); Q5_K adds bit 2j (2j + 1) of qh[16h ..] as bit 4. Each run is half its q8 block.
@@ -132,7 +146,8 @@ template <class B>
 __host__ __device__ __forceinline__ void load_k4_unit(const uint8_t* row, int u, q8_unit& w) {
     const B& b = reinterpret_cast<const B*>(row)[u / 8];
     const int j = u % 8 / 2, h = u % 2;
-    uint32_t q[4];
+    uint32_t hd[4], q[4];
+    load_words<16>(reinterpret_cast<const uint8_t*>(&b), hd);
     load_words<16>(b.qs + 32 * j + 16 * h, q);
 #pragma unroll
     for (int i = 0; i < 4; ++i) w.a[i] = q[i] & 0x0F0F0F0F, w.b[i] = q[i] >> 4 & 0x0F0F0F0F;
@@ -140,15 +155,17 @@ __host__ __device__ __forceinline__ void load_k4_unit(const uint8_t* row, int u,
         uint32_t hb[4];
         load_words<16>(b.qh + 16 * h, hb);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) w.a[i] |= (hb[i] >> (2 * j) & 0x01010101) << 4, w.b[i] |= (hb[i] >> (2 * j + 1) & 0x01010101) << 4;
+        for (int i = 0; i < 4; ++i) {
+            w.a[i] |= (hb[i] >> (2 * j) & 0x01010101) << 4;
+            w.b[i] |= (hb[i] >> (2 * j + 1) & 0x01010101) << 4;
+        }
     }
-    scale_min_k4(b.d, b.dmin, b.scales, 2 * j, w.sa, w.ma);
-    scale_min_k4(b.d, b.dmin, b.scales, 2 * j + 1, w.sb, w.mb);
+    scale_min_k4_pair(hd, j, w.sa, w.ma, w.sb, w.mb);
     w.ma *= 0.5f, w.mb *= 0.5f;
 }
 
 template <> struct q8_type<block_q4_K> {
-    static constexpr bool has_min = true;
+    static constexpr bool has_min = true, one_block = false;
     __host__ __device__ static void runs(int u, int& k0, int& k1) {
         k0 = 256 * (u / 8) + 64 * (u % 8 / 2) + 16 * (u % 2), k1 = k0 + 32;
     }
@@ -156,7 +173,7 @@ template <> struct q8_type<block_q4_K> {
 };
 
 template <> struct q8_type<block_q5_K> {
-    static constexpr bool has_min = true;
+    static constexpr bool has_min = true, one_block = false;
     __host__ __device__ static void runs(int u, int& k0, int& k1) { q8_type<block_q4_K>::runs(u, k0, k1); }
     __host__ __device__ static void load(const uint8_t* row, int u, q8_unit& w) { load_k4_unit<block_q5_K>(row, u, w); }
 };
@@ -165,7 +182,7 @@ template <> struct q8_type<block_q5_K> {
 // the 16 bytes ql[64h + 32kk + l0 ..] hold elements l0.. of quarter kk of the half in their low
 // nibbles (run a) and of quarter kk + 2 in their high ones (run b), qh[32h + l0 ..] their bits 4-5.
 template <> struct q8_type<block_q6_K> {
-    static constexpr bool has_min = false;
+    static constexpr bool has_min = false, one_block = false;
     __host__ __device__ static void runs(int u, int& k0, int& k1) {
         const int v = u % 8;
         k0 = 256 * (u / 8) + 128 * (v / 4) + 32 * (v / 2 % 2) + 16 * (v % 2), k1 = k0 + 64;
@@ -189,8 +206,8 @@ template <> struct q8_type<block_q6_K> {
     }
 };
 
-// x (n / 32 blocks of 32 float32, n = n_tok·n_cols) to q8: xq[k] = rint(x[k] / d) with
-// d = max |x| / 127 of k's block (where d is 0, from an all-zero block or by underflow, the quants are 0), xds[block] = (d, d·Σq).
+// x (n / 32 blocks of 32 float32, n = n_tok·n_cols) to q8: xq[k] = rint(x[k] / d) with d = max |x| / 127
+// of k's block (where d is 0, from an all-zero block or by underflow, the quants are 0); xds[block] = (d, d·Σq).
 // LAUNCH: block = 256; grid.x = ceil(n / 1024). 8 threads a block, 4 elements each; n a multiple of 32.
 extern "C" __global__ void __launch_bounds__(256) quantize_q8(const float* __restrict__ x, uint8_t* __restrict__ xq,
                                                               float2* __restrict__ xds, int n) {
@@ -210,7 +227,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8(const float* __res
 #pragma unroll
     for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (!in) return;
-    reinterpret_cast<uint32_t*>(xq)[i] = (q[0] & 0xFF) | (q[1] & 0xFF) << 8 | (q[2] & 0xFF) << 16 | (uint32_t)(q[3] & 0xFF) << 24;
+    reinterpret_cast<uint32_t*>(xq)[i] = (q[0] & 0xFF) | (q[1] & 0xFF) << 8 | (q[2] & 0xFF) << 16 | (uint32_t)q[3] << 24;
     if (i % 8 == 0) xds[i / 8] = make_float2(d, d * (float)sum);
 }
 
@@ -253,7 +270,7 @@ __device__ __forceinline__ void matvec_q8(const uint8_t* __restrict__ W, const u
             uint32_t xa[4], xb[4];
             x_words(xq + at + k0, xa);
             x_words(xq + at + k1, xb);
-            const float2 da = __ldg(xds + (at + k0) / 32), db = __ldg(xds + (at + k1) / 32);
+            const float2 da = __ldg(xds + (at + k0) / 32), db = T::one_block ? da : __ldg(xds + (at + k1) / 32);
 #pragma unroll
             for (int r = 0; r < Q8_ROWS; ++r) acc[r][t] += w[r].template dot<T::has_min>(xa, xb, da, db);
         }
