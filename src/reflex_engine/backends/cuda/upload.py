@@ -6,14 +6,14 @@ link's rate (H200, 2026-12-01: 5 GB in ~750 ms against ~160 ms pinned). Pinning 
 pages (`cuMemHostRegister`, read-only) lets the copy engine read them directly; pinning is the
 slow part (page-table work in the kernel), so chunks are faulted in (`MADV_POPULATE_READ`) and
 pinned by a few threads at once (design brief: 0.42 GB in 26.6 ms with 2-4 threads, against
-37.6 ms with one), while one more thread copies each chunk as soon as it is pinned, in order,
-on one stream, and records a CUDA event after it.
+37.6 ms with one), each copying its chunks on its own stream and recording a CUDA event after
+each (one stream for all the copies was slower: 8B, 5 GB in ~230 ms against ~160 ms).
 
 A weight's first reader waits on the host for the events of the chunks holding it, then
 enqueues its kernels, so a prompt's pass can run on the first layers while later ones are in
 flight; chunks go in the order the weights were loaded (a pass's order), not the file's.
-Unpinning waits until `finish()`, after the first output: on the H200, unpinning 0.42 GB cost
-tens of milliseconds, and unpinning beside a running pass held the pass back.
+Unpinning waits until `finish()`, after the first output: on the H200 it cost 0.6B tens of
+milliseconds before its first token (tools/probe_overlap.py, docs/perf-notes.md).
 
 Only a file mapping's pages are pinned: they hold nothing else, while pinning a heap buffer's
 pages would pin its neighbours' too, and the driver refuses a copy from memory that is partly
@@ -89,12 +89,12 @@ def _madvise(start: int, length: int, advice: int) -> None:
 
 
 class Upload:
-    """The copies, started at once: `threads` threads pin the chunks, one more copies each chunk
-    as soon as it is pinned, in order, on one stream. `wait(i)` returns once copy i has landed,
-    `finish()` once all have; only then are the pages unpinned (the first output is out by the
-    time the engine asks). A chunk the driver will not pin (e.g. no read-only registration) is
-    copied from pageable memory. A failure is raised by the next `wait` or `finish`, never left
-    for a waiter to hang on."""
+    """The copies, started at once on `threads` threads, each pinning a chunk, copying it on its
+    own stream and recording the chunk's event, then taking the next. `wait(i)` returns once
+    copy i has landed, `finish()` once all have; only then are the pages unpinned (the first
+    output is out by the time the engine asks). A chunk the driver will not pin (e.g. no
+    read-only registration) is copied from pageable memory. A failure is raised by the next
+    `wait` or `finish`, never left for a waiter to hang on."""
 
     def __init__(self, device, copies: Sequence[Copy], threads: int = THREADS):
         self.device, self.nbytes = device, sum(c.nbytes for c in copies)
@@ -104,7 +104,6 @@ class Upload:
             for owner in chunk.owners:
                 if not self._chunks_of[owner] or self._chunks_of[owner][-1] != j:
                     self._chunks_of[owner].append(j)
-        self._pinned = [threading.Event() for _ in self.chunks]  # chunk j is pinned (or was refused)
         self._queued = [threading.Event() for _ in self.chunks]  # chunk j's copies and event are enqueued
         self._events = []
         for _ in self.chunks:
@@ -113,45 +112,27 @@ class Upload:
         self._registered: list[int] = []  # starts of the pinned ranges
         self._landed: set[int] = set()  # chunks wait() has seen land
         self._errors: list[BaseException] = []
-        self._started = self._copied_at = time.perf_counter()
-        pins = iter(list(enumerate(self.chunks)))  # shared: each chunk goes to whichever thread is free
-        self._threads = [threading.Thread(target=self._pin, args=(pins,), name=f"reflex-pin-{i}")
+        self._started, self._copy_ends = time.perf_counter(), []  # when each thread saw its copies end
+        queue = iter(list(enumerate(self.chunks)))  # shared: each chunk goes to whichever thread is free
+        self._threads = [threading.Thread(target=self._work, args=(queue,), name=f"reflex-upload-{i}")
                          for i in range(min(threads, len(self.chunks)))]
-        self._threads.append(threading.Thread(target=self._copy, name="reflex-upload"))
         for t in self._threads:
             t.start()
 
-    def _fail(self, e: BaseException) -> None:
-        self._errors.append(e)
-        for event in self._pinned + self._queued:  # wake every waiter: it raises the error
-            event.set()
-
-    def _pin(self, pins) -> None:
-        try:
-            self.device.make_current()
-            for j, chunk in pins:
-                length = chunk.end - chunk.start
-                if length:
-                    _madvise(chunk.start, length, MADV_POPULATE_READ)
-                    try:
-                        self.device.drv.cuMemHostRegister_v2(chunk.start, length, cu.HOST_REGISTER_READ_ONLY)
-                        self._registered.append(chunk.start)
-                    except cu.CudaError:
-                        pass
-                self._pinned[j].set()
-        except BaseException as e:
-            self._fail(e)
-
-    def _copy(self) -> None:
+    def _work(self, queue) -> None:
         drv, stream = self.device.drv, c_void_p()
         try:
             self.device.make_current()
             drv.cuStreamCreate(byref(stream), cu.STREAM_NON_BLOCKING)
-            for j, chunk in enumerate(self.chunks):
-                self._pinned[j].wait()
-                if self._errors:
-                    return
-                if chunk.end > chunk.start:
+            for j, chunk in queue:
+                length = chunk.end - chunk.start
+                if length:
+                    _madvise(chunk.start, length, MADV_POPULATE_READ)
+                    try:
+                        drv.cuMemHostRegister_v2(chunk.start, length, cu.HOST_REGISTER_READ_ONLY)
+                        self._registered.append(chunk.start)
+                    except cu.CudaError:
+                        pass
                     for piece in chunk.copies:
                         drv.cuMemcpyHtoDAsync_v2(piece.dst, piece.src, piece.nbytes, stream)
                 else:  # pageable: the driver stages each copy before the call returns
@@ -164,11 +145,13 @@ class Upload:
                 drv.cuEventRecord(self._events[j], stream)
                 self._queued[j].set()
         except BaseException as e:
-            self._fail(e)
-        finally:  # even after an error: the copies must end before their pages are unpinned
+            self._errors.append(e)
+            for queued in self._queued:  # wake every waiter: it raises the error
+                queued.set()
+        finally:  # even after an error: the copies must end before finish() unpins their pages
             if stream:
                 self._call(drv.cuStreamSynchronize, stream)
-                self._copied_at = time.perf_counter()
+                self._copy_ends.append(time.perf_counter())
                 self._call(drv.cuStreamDestroy_v2, stream)
 
     def _call(self, call, arg) -> None:
@@ -202,4 +185,4 @@ class Upload:
             self._call(drv.cuEventDestroy_v2, event)
         self._registered, self._events = [], []
         self._raise()
-        return (self._copied_at - self._started) * 1e3
+        return (max(self._copy_ends, default=self._started) - self._started) * 1e3
