@@ -132,6 +132,20 @@ def test_q8_matvec_is_within_int8_rounding_of_float_x(gpu, qtype):
         assert rel_err(got, cpu.matmul(x, w_cpu).astype(np.float64)) < 2e-2, n_tok
 
 
+def test_q8_matvec_reuses_an_inputs_int8_blocks_and_never_stale_ones(gpu):
+    """q, k, v share one quantize_q8 of their x (ops.py _matvec), yet every new x is quantized afresh:
+    one of other tokens, passes of 8 tokens, and (third round) one in the buffer the first round's had."""
+    n_cols = 1024
+    weights = [both(gpu, qtype, n_rows, n_cols) for qtype, n_rows in (("Q4_K", 64), ("Q8_0", 32), ("Q6_K", 96))]
+    for n_tok in (1, 5, 1, 20):
+        x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
+        xt = host(gpu, x)
+        for w_cpu, w_gpu in weights:
+            got = gpu.to_host(gpu.matmul(xt, w_gpu))
+            assert rel_err(got, cpu.matmul(q8_rounded(x), w_cpu).astype(np.float64)) < 1e-5, n_tok
+        del xt  # its buffer returns to the pool once the next round's x is quantized
+
+
 def test_long_prompt_matmul_on_the_large_tiles():
     """A grid big enough for gemm_f16's 128 x 128 tiles (the tests above take its 64 x 64 ones)."""
     from reflex_engine.backends.cuda import CudaOps

@@ -157,6 +157,7 @@ class CudaOps(ExpertOps):
         self._partials = s.carve(ATTENTION_PARTIALS_BYTES)
         self._xq = s.carve(q8_bytes)
         self._xds = self._xq + aligned(MATVEC_MAX_TOKENS * self._q8_width)
+        self._q8_of: tuple[Tensor, int, int] | None = None  # (tensor, address, elements) the int8 scratch holds
 
     def _regions(self, sizes: list[tuple[int, str]]) -> list[Region]:
         """One device allocation each; if one fails (memory taken since the plan's check), the
@@ -295,7 +296,7 @@ class CudaOps(ExpertOps):
         suffix = kernel_suffix(weight.ggml_type)
         if x.rows <= MATVEC_PASSES_MAX_TOKENS:  # rows of x and of out are tokens: a pass takes 8 of each
             for t in range(0, x.rows, MATVEC_MAX_TOKENS):
-                self._matvec(weight, x.ptr + 4 * t * x.cols, out.ptr + 4 * t * weight.n_rows,
+                self._matvec(weight, x, x.ptr + 4 * t * x.cols, out.ptr + 4 * t * weight.n_rows,
                              min(MATVEC_MAX_TOKENS, x.rows - t), suffix)
         elif x.rows >= F16_GEMM_MIN_TOKENS and weight.n_cols % 32 == 0 and 2 * weight.n_cols <= self._w16_bytes:
             self._matmul_f16(x, weight, out, suffix)
@@ -303,12 +304,17 @@ class CudaOps(ExpertOps):
             self.device.launch(f"gemm_{suffix}", (-(-weight.n_rows // 64), -(-x.rows // 64)), 128, args)
         return out
 
-    def _matvec(self, weight: Weight, x_ptr: int, out_ptr: int, n_tok: int, suffix: str) -> None:
+    def _matvec(self, weight: Weight, x: Tensor, x_ptr: int, out_ptr: int, n_tok: int, suffix: str) -> None:
+        """out's n_tok rows from x's at x_ptr (x: the tensor they are in)."""
         # kernels/matvec_q8.cu: x to int8 blocks, then 2 rows a block, a warp per 1,024 columns (32 units), at most 4;
         # a weight wider than reserve planned the int8 scratch for keeps the float kernel
         if weight.ggml_type in Q8_MATVEC_TYPES and weight.n_cols <= self._q8_width:
             n = n_tok * weight.n_cols
-            self.device.launch("quantize_q8", (-(-n // 1024),), 256, (PTR(x_ptr), PTR(self._xq), PTR(self._xds), INT(n)))
+            # q, k, v (gate, up) share one x: quantized once. A tensor is final once the op making it
+            # returns, and holding it keeps its buffer's address from any other tensor.
+            if self._q8_of != (x, x_ptr, n):
+                self.device.launch("quantize_q8", (-(-n // 1024),), 256, (PTR(x_ptr), PTR(self._xq), PTR(self._xds), INT(n)))
+                self._q8_of = (x, x_ptr, n)
             self.device.launch(f"matvec_q8_{suffix}", (-(-weight.n_rows // 2),), 32 * min(4, -(-weight.n_cols // 1024)),
                                (PTR(weight.ptr), PTR(self._xq), PTR(self._xds), PTR(out_ptr), INT(weight.n_rows),
                                 INT(weight.n_cols), INT(n_tok)))
