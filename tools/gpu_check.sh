@@ -8,7 +8,9 @@
 #               and llama.cpp's llama-bench on the same files, after llama.cpp is built
 #   COLD=1      the cold-start harness (bench/cold_start.py) beside the floor and llama.cpp
 #   WITH_LLAMA=0  BENCH and COLD without llama.cpp, so without its build
+#   MOE=1       BENCH and COLD also on a Qwen3-30B-A3B-shaped file (COLD: 16-token prompt, its own table)
 #   SIDECAR=1   with COLD: the sidecar's cold start (sidecar/tools/cold_start.py, its wheels in .whl/)
+#   RESERVE_S   with COLD: seconds the main harness leaves for the MoE and sidecar runs after it
 #   SMOLLM2=1   SmolLM2 on CUDA, from .smollm2/ pieces gathered over consecutive warm calls
 # llama.cpp builds in the background from the first second when BENCH or COLD asks for it; no
 # timing starts before that build ends. Results under $OUT (at most 8 files come back).
@@ -93,8 +95,10 @@ model_file() { echo "/tmp/qwen3-$1-$2.gguf"; }
 if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ]; then
     tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
     QUANTS=${QUANTS:-q4_k_m}
-    for shape in 0.6b 8b; do
+    SHAPES="0.6b 8b"; [ "${MOE:-0}" = 1 ] && SHAPES="$SHAPES 30b-a3b"
+    for shape in $SHAPES; do
         for quant in $QUANTS; do
+            [ "$shape" = 30b-a3b ] && [ "$quant" != q4_k_m ] && continue
             f=$(model_file $shape $quant)
             [ -f "$f" ] || python3 tools/make_bench_model.py /tmp/peer-vocab.gguf "$f" --shape $shape --quant $quant 2>&1 | tail -1
         done
@@ -105,7 +109,8 @@ fi
 if [ "${BENCH:-0}" = 1 ]; then
     wait_peer
     for quant in $QUANTS; do
-        for shape in 0.6b 8b; do
+        for shape in $SHAPES; do
+            [ "$shape" = 30b-a3b ] && [ "$quant" != q4_k_m ] && continue
             f=$(model_file $shape $quant)
             [ "$(elapsed)" -gt $(( END - 90 )) ] && { echo "bench: no time left for $shape $quant"; continue; }
             echo "## $shape $quant at $(elapsed) s" | tee -a "$LOG"
@@ -126,7 +131,12 @@ if [ "${COLD:-0}" = 1 ]; then
     llama_bin=; [ "${WITH_LLAMA:-1}" = 1 ] && llama_bin="--llama-bin $LLAMA"
     python3 bench/cold_start.py --model 0.6b="$(model_file 0.6b q4_k_m)" --model 8b="$(model_file 8b q4_k_m)" \
         $llama_bin --floor-bin /tmp/floor --python /tmp/cold-venv/bin/python --n "${COLD_N:-10}" \
-        --deadline-s $(( END - $(elapsed) - ${SIDECAR_S:-0} )) --out "$OUT/cold" 2>&1 | tail -60
+        --deadline-s $(( END - $(elapsed) - ${RESERVE_S:-0} )) --out "$OUT/cold" 2>&1 | tail -60
+    if [ "${MOE:-0}" = 1 ]; then
+        python3 bench/cold_start.py --model 30b-a3b="$(model_file 30b-a3b q4_k_m)" --prompt-tokens 16 \
+            $llama_bin --floor-bin /tmp/floor --python /tmp/cold-venv/bin/python --n "${COLD_N:-10}" \
+            --deadline-s $(( END - $(elapsed) - ${RESERVE_S:-0} )) --out "$OUT/cold-moe" 2>&1 | tail -30
+    fi
     if [ "${SIDECAR:-0}" = 1 ]; then  # the system python3, for the sidecar and the bare engine alike
         PYTHONPATH=$ROOT/sidecar/src:$PYTHONPATH python3 sidecar/tools/cold_start.py "$(model_file 0.6b q4_k_m)" --device cuda \
             -n "${COLD_N:-10}" 2>&1 | tee "$OUT/cold/sidecar.txt" | tail -6
