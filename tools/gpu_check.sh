@@ -135,7 +135,7 @@ if [ "${COLD:-0}" = 1 ]; then
     if [ "${MOE:-0}" = 1 ]; then
         python3 bench/cold_start.py --model 30b-a3b="$(model_file 30b-a3b q4_k_m)" --prompt-tokens 16 \
             $llama_bin --floor-bin /tmp/floor --python /tmp/cold-venv/bin/python --n "${COLD_N:-10}" \
-            --deadline-s $(( END - $(elapsed) - ${RESERVE_S:-0} )) --out "$OUT/cold-moe" 2>&1 | tail -30
+            --deadline-s $(( END - $(elapsed) - ${SIDECAR:-0} * 40 )) --out "$OUT/cold-moe" 2>&1 | tail -30
     fi
     if [ "${SIDECAR:-0}" = 1 ]; then  # the system python3, for the sidecar and the bare engine alike
         PYTHONPATH=$ROOT/sidecar/src:$PYTHONPATH python3 sidecar/tools/cold_start.py "$(model_file 0.6b q4_k_m)" --device cuda \
