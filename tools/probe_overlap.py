@@ -3,10 +3,10 @@ processes under variants of the upload, their result lines' phases side by side.
 
     python3 tools/probe_overlap.py MODEL [MODEL ...] [--n 3] [--prompt-tokens 1024]
 
-Variants: the engine as it is; every copy landed before the pass starts (no overlap); the pages
-never unpinned (left to the process's exit); the driver's default work and copy queues (8 each)
-instead of Reflex's one and one. (Earlier variants, run against the upload as it then was, are
-in docs/perf-notes.md: no pinning at all, every chunk pinned before the first copy.)
+Variants: the engine as it is; every copy landed before the pass starts (no overlap); the
+driver's default work and copy queues (8 each) instead of Reflex's one and one. (Earlier
+variants, run against the upload as it then was, are in docs/perf-notes.md: no pinning at all,
+every chunk pinned before the first copy, the pages unpinned or not.)
 A throwaway measurement tool: the engine path is what it is, monkeypatched here per variant.
 """
 import argparse
@@ -30,14 +30,6 @@ def patched(self):
         self._upload.wait(i)
     return n
 ops.CudaOps.commit_weights = patched
-""",
-    "never unpinned (left to the exit)": """
-from reflex_engine.backends.cuda import upload
-finish = upload.Upload.finish
-def patched(self):
-    self._registered = []
-    return finish(self)
-upload.Upload.finish = patched
 """,
 }
 EIGHT_QUEUES = {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "8"}

@@ -12,8 +12,9 @@ each (one stream for all the copies was slower: 8B, 5 GB in ~230 ms against ~160
 A weight's first reader waits on the host for the events of the chunks holding it, then
 enqueues its kernels, so a prompt's pass can run on the first layers while later ones are in
 flight; chunks go in the order the weights were loaded (a pass's order), not the file's.
-Unpinning waits until `finish()`, after the first output: on the H200 it cost 0.6B tens of
-milliseconds before its first token (tools/probe_overlap.py, docs/perf-notes.md).
+The pages stay pinned for the process's life, as the weights' device memory stays taken:
+unpinning costs tens of milliseconds for 0.42 GB on the H200 (tools/probe_overlap.py,
+docs/perf-notes.md), and the driver releases both at exit. The file mapping lives as long.
 
 Only a file mapping's pages are pinned: they hold nothing else, while pinning a heap buffer's
 pages would pin its neighbours' too, and the driver refuses a copy from memory that is partly
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
 from ctypes import byref, c_int, c_size_t, c_void_p
@@ -36,6 +38,9 @@ THREADS = 4
 SMALL = 64 << 10  # norm vectors and the like: every layer reads some, so they travel first, through a buffer
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MADV_POPULATE_READ = 22  # Linux 5.14+; older kernels refuse it and registering faults the pages in
+# The GIL's switch interval while the copies run: a thread back from a driver call waits up to
+# one interval (5 ms by default) for the busy main thread to yield; so does starting a thread
+SWITCH_INTERVAL_S = 1e-4
 
 
 class Copy(NamedTuple):
@@ -91,8 +96,7 @@ def _madvise(start: int, length: int, advice: int) -> None:
 class Upload:
     """The copies, started at once on `threads` threads, each pinning a chunk, copying it on its
     own stream and recording the chunk's event, then taking the next. `wait(i)` returns once
-    copy i has landed, `finish()` once all have; only then are the pages unpinned (the first
-    output is out by the time the engine asks). A chunk the driver will not pin (e.g. no
+    copy i has landed, `finish()` once all have. A chunk the driver will not pin (e.g. no
     read-only registration) is copied from pageable memory. A failure is raised by the next
     `wait` or `finish`, never left for a waiter to hang on."""
 
@@ -109,10 +113,12 @@ class Upload:
         for _ in self.chunks:
             self._events.append(c_void_p())
             device.drv.cuEventCreate(byref(self._events[-1]), cu.EVENT_DISABLE_TIMING)
-        self._registered: list[int] = []  # starts of the pinned ranges
+        self.pinned: list[int] = []  # starts of the pinned ranges (see the module's docstring)
         self._landed: set[int] = set()  # chunks wait() has seen land
         self._errors: list[BaseException] = []
         self._started, self._copy_ends = time.perf_counter(), []  # when each thread saw its copies end
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         queue = iter(list(enumerate(self.chunks)))  # shared: each chunk goes to whichever thread is free
         self._threads = [threading.Thread(target=self._work, args=(queue,), name=f"reflex-upload-{i}")
                          for i in range(min(threads, len(self.chunks)))]
@@ -130,7 +136,7 @@ class Upload:
                     _madvise(chunk.start, length, MADV_POPULATE_READ)
                     try:
                         drv.cuMemHostRegister_v2(chunk.start, length, cu.HOST_REGISTER_READ_ONLY)
-                        self._registered.append(chunk.start)
+                        self.pinned.append(chunk.start)
                     except cu.CudaError:
                         pass
                     for piece in chunk.copies:
@@ -148,7 +154,7 @@ class Upload:
             self._errors.append(e)
             for queued in self._queued:  # wake every waiter: it raises the error
                 queued.set()
-        finally:  # even after an error: the copies must end before finish() unpins their pages
+        finally:  # even after an error: finish() returns only once every copy has ended
             if stream:
                 self._call(drv.cuStreamSynchronize, stream)
                 self._copy_ends.append(time.perf_counter())
@@ -175,14 +181,12 @@ class Upload:
             self._landed.add(j)
 
     def finish(self) -> float:
-        """Wait for every copy, unpin; the ms from the start to the last copy's end."""
+        """Wait for every copy; the ms from the start to the last copy's end."""
         for t in self._threads:
             t.join()
-        drv = self.device.drv
-        for start in self._registered:
-            self._call(drv.cuMemHostUnregister, start)
+        sys.setswitchinterval(self._switch_interval)
         for event in self._events:
-            self._call(drv.cuEventDestroy_v2, event)
-        self._registered, self._events = [], []
+            self._call(self.device.drv.cuEventDestroy_v2, event)
+        self._events = []
         self._raise()
         return (max(self._copy_ends, default=self._started) - self._started) * 1e3
