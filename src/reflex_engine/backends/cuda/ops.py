@@ -24,8 +24,8 @@ KERNEL_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLTy
                 GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
                 GGMLType.Q6_K)
 MATVEC_MAX_TOKENS = 8  # kernels/matvec.cu: up to 8 tokens share one pass over the weights
-# kernels/matvec_q8.cu: the decode matvec of these types dots int8 x blocks with the integer quants
-Q8_MATVEC_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+# kernels/matvec_x16.cu: the decode matvec of these types dots int16 x blocks with the integer quants
+X16_MATVEC_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 # up to here a matmul is passes of 8 tokens over the weights, not the tiled GEMM: H200, 8B Q4_K_M,
 # 16 tokens: 47.4 ms a pass with the GEMM, which reads the weights at ~100 GB/s
 MATVEC_PASSES_MAX_TOKENS = 32
@@ -133,10 +133,10 @@ class CudaOps(ExpertOps):
         self._w16_bytes = aligned(min(W16_MAX_BYTES, max((2 * math.prod(shape) for _, shape in tensors if len(shape) == 2), default=0)))
         scratch = (sum(aligned(4 * n) for n in ints.values()) + aligned(8 * 2 * MAX_BATCH) + aligned(8 * TOP_K_MAX + 16)
                    + self._w16_bytes + ATTENTION_PARTIALS_BYTES)
-        # a matvec pass's x as int8 blocks (1 byte an element, then 8 bytes (d, d·Σq) a block of 32)
-        self._q8_width = max([activation_width] + [shape[0] for _, shape in tensors if len(shape) == 2])
-        q8_bytes = aligned(MATVEC_MAX_TOKENS * self._q8_width) + aligned(MATVEC_MAX_TOKENS * self._q8_width // 4)
-        scratch += q8_bytes
+        # a matvec pass's x as int16 blocks (2 bytes an element, then 8 bytes (d, d·Σq) a block of 32)
+        self._x16_width = max([activation_width] + [shape[0] for _, shape in tensors if len(shape) == 2])
+        x16_bytes = aligned(2 * MATVEC_MAX_TOKENS * self._x16_width) + aligned(MATVEC_MAX_TOKENS * self._x16_width // 4)
+        scratch += x16_bytes
         # three pools: decode-sized buffers (a step's addresses never move), the same for a captured
         # decode step alone (graph.py), and whole-pass ones
         small, large = aligned(2 * MATVEC_MAX_TOKENS * activation_width * 4), aligned(MAX_BATCH * activation_width * 4)
@@ -155,9 +155,9 @@ class CudaOps(ExpertOps):
         self._top = s.carve(8 * TOP_K_MAX + 16)  # top_k's ids, values and (max, sum of exp)
         self._w16 = s.carve(self._w16_bytes) if self._w16_bytes else 0
         self._partials = s.carve(ATTENTION_PARTIALS_BYTES)
-        self._xq = s.carve(q8_bytes)
-        self._xds = self._xq + aligned(MATVEC_MAX_TOKENS * self._q8_width)
-        self._q8_of: tuple[Tensor, int, int] | None = None  # (tensor, address, elements) the int8 scratch holds
+        self._xq = s.carve(x16_bytes)
+        self._xds = self._xq + aligned(2 * MATVEC_MAX_TOKENS * self._x16_width)
+        self._x16_of: tuple[Tensor, int, int] | None = None  # (tensor, address, elements) the int16 scratch holds
 
     def _regions(self, sizes: list[tuple[int, str]]) -> list[Region]:
         """One device allocation each; if one fails (memory taken since the plan's check), the
@@ -306,16 +306,16 @@ class CudaOps(ExpertOps):
 
     def _matvec(self, weight: Weight, x: Tensor, x_ptr: int, out_ptr: int, n_tok: int, suffix: str) -> None:
         """out's n_tok rows from x's at x_ptr (x: the tensor they are in)."""
-        # kernels/matvec_q8.cu: x to int8 blocks, then 2 rows a block, a warp per 1,024 columns (32 units), at most 4;
-        # a weight wider than reserve planned the int8 scratch for keeps the float kernel
-        if weight.ggml_type in Q8_MATVEC_TYPES and weight.n_cols <= self._q8_width:
+        # kernels/matvec_x16.cu: x to int16 blocks, then 2 rows a block, a warp per 1,024 columns (32 units), at most 4;
+        # a weight wider than reserve planned the int16 scratch for keeps the float kernel
+        if weight.ggml_type in X16_MATVEC_TYPES and weight.n_cols <= self._x16_width:
             n = n_tok * weight.n_cols
             # q, k, v (gate, up) share one x: quantized once. A tensor is final once the op making it
             # returns, and holding it keeps its buffer's address from any other tensor.
-            if self._q8_of != (x, x_ptr, n):
-                self.device.launch("quantize_q8", (-(-n // 1024),), 256, (PTR(x_ptr), PTR(self._xq), PTR(self._xds), INT(n)))
-                self._q8_of = (x, x_ptr, n)
-            self.device.launch(f"matvec_q8_{suffix}", (-(-weight.n_rows // 2),), 32 * min(4, -(-weight.n_cols // 1024)),
+            if self._x16_of != (x, x_ptr, n):
+                self.device.launch("quantize_x16", (-(-n // 1024),), 256, (PTR(x_ptr), PTR(self._xq), PTR(self._xds), INT(n)))
+                self._x16_of = (x, x_ptr, n)
+            self.device.launch(f"matvec_x16_{suffix}", (-(-weight.n_rows // 2),), 32 * min(4, -(-weight.n_cols // 1024)),
                                (PTR(weight.ptr), PTR(self._xq), PTR(self._xds), PTR(out_ptr), INT(weight.n_rows),
                                 INT(weight.n_cols), INT(n_tok)))
             return

@@ -1,22 +1,25 @@
-// Decode matmul through int8 dot products, as ggml's mmvq: quantize_q8 turns x into blocks of 32
-// int8 (q8) with a float scale once per matmul, then matvec_q8_<type> multiplies the weights' integer
-// quants with them four at a time (__dp4a) and applies the block scales and mins in float once per
-// 16 elements. x costs 1.25 bytes an element instead of 4, and no quant becomes a float.
-// Result: W_deq · x_deq, where x_deq is x as its q8 blocks give it back (float rounding apart).
+// Decode matmul through integer dot products, as ggml's mmvq but with int16 x: quantize_x16 turns x
+// into blocks of 32 int16 with a float scale once per matmul, then matvec_x16_<type> multiplies the
+// weights' integer quants (as signed bytes) with them two at a time (__dp2a_lo/hi) and applies the
+// block scales and mins in float once per 16 elements. x costs 2.25 bytes an element instead of 4,
+// and no quant becomes a float. Result: W_deq · x_deq, x_deq being x as its int16 blocks give it
+// back (float rounding apart). Not int8 x (ggml's q8_1, __dp4a): on the tiny goldens (tests/goldens)
+// its rounding moves logits by 0.7-2.8% of their range, past CUDA's 5e-3; int16's by 1e-4.
 #include "common.cuh"
 #include "quant_blocks.cuh"
 
-constexpr int Q8_MAX_TOKENS = 8;
-constexpr int Q8_THREADS = 128;  // the most a block may have
-constexpr int Q8_ROWS = 2;  // rows a block computes, sharing each x block it loads
-constexpr int Q8_AHEAD = 2;  // passes over the rows whose weights are requested before they are read
+constexpr int X16_MAX_TOKENS = 8;
+constexpr int X16_THREADS = 128;  // the most a block may have
+constexpr int X16_ROWS = 2;  // rows a block computes, sharing each x block it loads
+constexpr int X16_AHEAD = 2;  // passes over the rows whose weights are requested before they are read
 
-// Σ a_i·b_i + c over the four signed bytes of a and b.
-__host__ __device__ __forceinline__ int dot4(uint32_t a, uint32_t b, int c) {
+// c + the dot product of the four signed bytes of w with four int16: x01 (elements 0, 1) and x23.
+__host__ __device__ __forceinline__ int dot4_x16(uint32_t w, uint32_t x01, uint32_t x23, int c) {
 #ifdef __CUDA_ARCH__
-    return __dp4a((int)a, (int)b, c);
+    return __dp2a_hi((int)x23, (int)w, __dp2a_lo((int)x01, (int)w, c));
 #else
-    for (int i = 0; i < 4; ++i) c += (int8_t)(a >> 8 * i) * (int8_t)(b >> 8 * i);
+    const uint32_t x[2] = {x01, x23};
+    for (int i = 0; i < 4; ++i) c += (int8_t)(w >> 8 * i) * (int16_t)(x[i / 2] >> 16 * (i % 2));
     return c;
 #endif
 }
@@ -45,11 +48,14 @@ __host__ __device__ __forceinline__ void load_words_realigned(const uint8_t* p, 
 #endif
 }
 
-// Four words of q8 x at a 16-byte aligned p, through the read-only path (L1, shared by the blocks on an SM).
-__host__ __device__ __forceinline__ void x_words(const uint8_t* p, uint32_t (&w)[4]) {
+// 16 int16 of x (8 words) at a 32-byte aligned p, through the read-only path (L1, shared by the blocks on an SM).
+__host__ __device__ __forceinline__ void x_words(const uint8_t* p, uint32_t (&w)[8]) {
 #ifdef __CUDA_ARCH__
-    const int4 v = __ldg(reinterpret_cast<const int4*>(p));
-    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int4 v = __ldg(reinterpret_cast<const int4*>(p) + i);
+        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
 #else
     load_words<16>(p, w);
 #endif
@@ -57,19 +63,22 @@ __host__ __device__ __forceinline__ void x_words(const uint8_t* p, uint32_t (&w)
 
 // 32 elements of a weight row, as two runs of 16 that each share one scale: signed-byte values a
 // and b (elements k0.. and k1.. of the row), each run's value sa·a_i - ma (sb·b_i - mb). The runs
-// lie in q8 blocks k0 / 32 and k1 / 32, and where they are halves of one, ma and mb are half the
-// offset of that block's 32 elements, which the dot product applies through the block's q8 sum.
-struct q8_unit {
+// lie in x blocks k0 / 32 and k1 / 32, and where they are halves of one, ma and mb are half the
+// offset of that block's 32 elements, which the dot product applies through the block's sum.
+struct x16_unit {
     uint32_t a[4], b[4];
     float sa, sb, ma, mb;
 
-    // Σ over the unit of weight · x_deq for one token: xa, xb the q8 words of its runs, da, db their
-    // blocks' (d, d·Σq).
+    // Σ over the unit of weight · x_deq for one token: xa, xb the int16 words of its runs, da, db
+    // their blocks' (d, d·Σq). |Σ| <= 16 · 128 · 32767 < 2^31.
     template <bool has_min>
-    __host__ __device__ __forceinline__ float dot(const uint32_t (&xa)[4], const uint32_t (&xb)[4], float2 da, float2 db) const {
+    __host__ __device__ __forceinline__ float dot(const uint32_t (&xa)[8], const uint32_t (&xb)[8], float2 da, float2 db) const {
         int ia = 0, ib = 0;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) ia = dot4(a[i], xa[i], ia), ib = dot4(b[i], xb[i], ib);
+        for (int i = 0; i < 4; ++i) {
+            ia = dot4_x16(a[i], xa[2 * i], xa[2 * i + 1], ia);
+            ib = dot4_x16(b[i], xb[2 * i], xb[2 * i + 1], ib);
+        }
         float s = fmaf(sa * da.x, (float)ia, sb * db.x * (float)ib);
         if constexpr (has_min) s -= fmaf(ma, da.y, mb * db.y);
         return s;
@@ -77,14 +86,14 @@ struct q8_unit {
 };
 
 // Per type: n_cols / 32 units a row; runs(u, k0, k1); load(row, u, unit); one_block where a unit's
-// runs are the two halves of one q8 block.
-template <class B> struct q8_type;
+// runs are the two halves of one x block.
+template <class B> struct x16_type;
 
 // Unit u of Q8_0: block u, its first 16 quants run a, the next 16 run b.
-template <> struct q8_type<block_q8_0> {
+template <> struct x16_type<block_q8_0> {
     static constexpr bool has_min = false, one_block = true;
     __host__ __device__ static void runs(int u, int& k0, int& k1) { k0 = 32 * u, k1 = 32 * u + 16; }
-    __host__ __device__ static void load(const uint8_t* row, int u, q8_unit& w) {
+    __host__ __device__ static void load(const uint8_t* row, int u, x16_unit& w) {
         const uint8_t* b = row + (size_t)34 * u;
         uint32_t q[8];
         load_words_realigned(b + 2, q);  // reach: the block's d, the next block's d or the carve's padding
@@ -95,10 +104,10 @@ template <> struct q8_type<block_q8_0> {
 };
 
 // Unit u of Q4_0: block u, low nibbles run a, high nibbles run b, each minus 8.
-template <> struct q8_type<block_q4_0> {
+template <> struct x16_type<block_q4_0> {
     static constexpr bool has_min = false, one_block = true;
     __host__ __device__ static void runs(int u, int& k0, int& k1) { k0 = 32 * u, k1 = 32 * u + 16; }
-    __host__ __device__ static void load(const uint8_t* row, int u, q8_unit& w) {
+    __host__ __device__ static void load(const uint8_t* row, int u, x16_unit& w) {
         const uint8_t* b = row + (size_t)18 * u;
         uint32_t q[4];
         load_words_realigned(b + 2, q);  // reach: as Q8_0's
@@ -109,10 +118,10 @@ template <> struct q8_type<block_q4_0> {
 };
 
 // Unit u of Q5_0: as Q4_0, bit 4 of element j from bit j of qh, each minus 16.
-template <> struct q8_type<block_q5_0> {
+template <> struct x16_type<block_q5_0> {
     static constexpr bool has_min = false, one_block = true;
     __host__ __device__ static void runs(int u, int& k0, int& k1) { k0 = 32 * u, k1 = 32 * u + 16; }
-    __host__ __device__ static void load(const uint8_t* row, int u, q8_unit& w) {
+    __host__ __device__ static void load(const uint8_t* row, int u, x16_unit& w) {
         const uint8_t* b = row + (size_t)22 * u;
         uint32_t q[4], qh[1];
         load_words_realigned(b + 2, qh);  // reach: d before, qs after
@@ -141,9 +150,9 @@ __host__ __device__ __forceinline__ void scale_min_k4_pair(const uint32_t (&hd)[
 
 // Unit u of Q4_K/Q5_K: the 16 bytes qs[32j + 16h ..] of block u / 8 (j = u % 8 / 2, h = u % 2):
 // elements 16h.. of sub-chunk 2j in their low nibbles (run a), of sub-chunk 2j + 1 in their high
-// ones (run b); Q5_K adds bit 2j (2j + 1) of qh[16h ..] as bit 4. Each run is half its q8 block.
+// ones (run b); Q5_K adds bit 2j (2j + 1) of qh[16h ..] as bit 4. Each run is half its x block.
 template <class B>
-__host__ __device__ __forceinline__ void load_k4_unit(const uint8_t* row, int u, q8_unit& w) {
+__host__ __device__ __forceinline__ void load_k4_unit(const uint8_t* row, int u, x16_unit& w) {
     const B& b = reinterpret_cast<const B*>(row)[u / 8];
     const int j = u % 8 / 2, h = u % 2;
     uint32_t hd[4], q[4];
@@ -164,30 +173,30 @@ __host__ __device__ __forceinline__ void load_k4_unit(const uint8_t* row, int u,
     w.ma *= 0.5f, w.mb *= 0.5f;
 }
 
-template <> struct q8_type<block_q4_K> {
+template <> struct x16_type<block_q4_K> {
     static constexpr bool has_min = true, one_block = false;
     __host__ __device__ static void runs(int u, int& k0, int& k1) {
         k0 = 256 * (u / 8) + 64 * (u % 8 / 2) + 16 * (u % 2), k1 = k0 + 32;
     }
-    __host__ __device__ static void load(const uint8_t* row, int u, q8_unit& w) { load_k4_unit<block_q4_K>(row, u, w); }
+    __host__ __device__ static void load(const uint8_t* row, int u, x16_unit& w) { load_k4_unit<block_q4_K>(row, u, w); }
 };
 
-template <> struct q8_type<block_q5_K> {
+template <> struct x16_type<block_q5_K> {
     static constexpr bool has_min = true, one_block = false;
-    __host__ __device__ static void runs(int u, int& k0, int& k1) { q8_type<block_q4_K>::runs(u, k0, k1); }
-    __host__ __device__ static void load(const uint8_t* row, int u, q8_unit& w) { load_k4_unit<block_q5_K>(row, u, w); }
+    __host__ __device__ static void runs(int u, int& k0, int& k1) { x16_type<block_q4_K>::runs(u, k0, k1); }
+    __host__ __device__ static void load(const uint8_t* row, int u, x16_unit& w) { load_k4_unit<block_q5_K>(row, u, w); }
 };
 
 // Unit u of Q6_K: in block u / 8, v = u % 8 picks half h = v / 4, kk = v / 2 % 2 and l0 = 16(v % 2):
 // the 16 bytes ql[64h + 32kk + l0 ..] hold elements l0.. of quarter kk of the half in their low
 // nibbles (run a) and of quarter kk + 2 in their high ones (run b), qh[32h + l0 ..] their bits 4-5.
-template <> struct q8_type<block_q6_K> {
+template <> struct x16_type<block_q6_K> {
     static constexpr bool has_min = false, one_block = false;
     __host__ __device__ static void runs(int u, int& k0, int& k1) {
         const int v = u % 8;
         k0 = 256 * (u / 8) + 128 * (v / 4) + 32 * (v / 2 % 2) + 16 * (v % 2), k1 = k0 + 64;
     }
-    __host__ __device__ static void load(const uint8_t* row, int u, q8_unit& w) {
+    __host__ __device__ static void load(const uint8_t* row, int u, x16_unit& w) {
         const block_q6_K& b = reinterpret_cast<const block_q6_K*>(row)[u / 8];
         const int v = u % 8, h = v / 4, kk = v / 2 % 2, l0 = 16 * (v % 2);
         // reach: before ql[0], the previous block's d (a tensor's first block is 16-byte aligned:
@@ -206,10 +215,15 @@ template <> struct q8_type<block_q6_K> {
     }
 };
 
-// x (n / 32 blocks of 32 float32, n = n_tok·n_cols) to q8: xq[k] = rint(x[k] / d) with d = max |x| / 127
+// rint(v / d), clamped: a subnormal d keeps so few bits that max |x| / d may pass 32767.
+__device__ __forceinline__ int quant16(float v, float d) {
+    return (int)rintf(fminf(fmaxf(__fdiv_rn(v, d), -32767.0f), 32767.0f));
+}
+
+// x (n / 32 blocks of 32 float32, n = n_tok·n_cols) to int16: xq[k] = quant16(x[k], d) with d = max |x| / 32767
 // of k's block (where d is 0, from an all-zero block or by underflow, the quants are 0); xds[block] = (d, d·Σq).
 // LAUNCH: block = 256; grid.x = ceil(n / 1024). 8 threads a block, 4 elements each; n a multiple of 32.
-extern "C" __global__ void __launch_bounds__(256) quantize_q8(const float* __restrict__ x, uint8_t* __restrict__ xq,
+extern "C" __global__ void __launch_bounds__(256) quantize_x16(const float* __restrict__ x, uint8_t* __restrict__ xq,
                                                               float2* __restrict__ xds, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;  // elements 4i..4i+3
     const bool in = 4 * i < n;  // threads past n still take part in their 8-lane shuffles
@@ -217,17 +231,16 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8(const float* __res
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
     for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = __fdiv_rn(amax, 127.0f);
+    const float d = __fdiv_rn(amax, 32767.0f);
     int q[4] = {};
     if (d > 0.0f) {
-        q[0] = (int)rintf(__fdiv_rn(v.x, d)), q[1] = (int)rintf(__fdiv_rn(v.y, d));
-        q[2] = (int)rintf(__fdiv_rn(v.z, d)), q[3] = (int)rintf(__fdiv_rn(v.w, d));
+        q[0] = quant16(v.x, d), q[1] = quant16(v.y, d), q[2] = quant16(v.z, d), q[3] = quant16(v.w, d);
     }
     int sum = q[0] + q[1] + q[2] + q[3];
 #pragma unroll
     for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (!in) return;
-    reinterpret_cast<uint32_t*>(xq)[i] = (q[0] & 0xFF) | (q[1] & 0xFF) << 8 | (q[2] & 0xFF) << 16 | (uint32_t)q[3] << 24;
+    reinterpret_cast<uint2*>(xq)[i] = make_uint2((q[0] & 0xFFFF) | (uint32_t)q[1] << 16, (q[2] & 0xFFFF) | (uint32_t)q[3] << 16);
     if (i % 8 == 0) xds[i / 8] = make_float2(d, d * (float)sum);
 }
 
@@ -239,76 +252,76 @@ __device__ __forceinline__ void prefetch_unit(const uint8_t* row, int u, int n_u
 }
 
 template <class B>
-__device__ __forceinline__ void matvec_q8(const uint8_t* __restrict__ W, const uint8_t* __restrict__ xq,
+__device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const uint8_t* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y, int n_rows, int n_cols, int n_tok) {
-    using T = q8_type<B>;
-    __shared__ float partial[Q8_THREADS / WARP][Q8_ROWS][Q8_MAX_TOKENS];
-    const int r0 = blockIdx.x * Q8_ROWS, n_units = n_cols / 32;
-    const uint8_t* rows[Q8_ROWS];
+    using T = x16_type<B>;
+    __shared__ float partial[X16_THREADS / WARP][X16_ROWS][X16_MAX_TOKENS];
+    const int r0 = blockIdx.x * X16_ROWS, n_units = n_cols / 32;
+    const uint8_t* rows[X16_ROWS];
 #pragma unroll
-    for (int r = 0; r < Q8_ROWS; ++r)  // rows past n_rows re-read the last one and are never stored
+    for (int r = 0; r < X16_ROWS; ++r)  // rows past n_rows re-read the last one and are never stored
         rows[r] = W + (size_t)min(r0 + r, n_rows - 1) * row_bytes<B>(n_cols);
 
-    float acc[Q8_ROWS][Q8_MAX_TOKENS] = {};
+    float acc[X16_ROWS][X16_MAX_TOKENS] = {};
 #pragma unroll
-    for (int k = 1; k < Q8_AHEAD; ++k)
+    for (int k = 1; k < X16_AHEAD; ++k)
 #pragma unroll
-        for (int r = 0; r < Q8_ROWS; ++r) prefetch_unit<B>(rows[r], threadIdx.x + k * blockDim.x, n_units);
+        for (int r = 0; r < X16_ROWS; ++r) prefetch_unit<B>(rows[r], threadIdx.x + k * blockDim.x, n_units);
     for (int u = threadIdx.x; u < n_units; u += blockDim.x) {
-        q8_unit w[Q8_ROWS];
+        x16_unit w[X16_ROWS];
 #pragma unroll
-        for (int r = 0; r < Q8_ROWS; ++r) {
-            prefetch_unit<B>(rows[r], u + Q8_AHEAD * blockDim.x, n_units);
+        for (int r = 0; r < X16_ROWS; ++r) {
+            prefetch_unit<B>(rows[r], u + X16_AHEAD * blockDim.x, n_units);
             T::load(rows[r], u, w[r]);
         }
         int k0, k1;
         T::runs(u, k0, k1);
 #pragma unroll
-        for (int t = 0; t < Q8_MAX_TOKENS; ++t) {
+        for (int t = 0; t < X16_MAX_TOKENS; ++t) {
             if (t >= n_tok) break;
             const size_t at = (size_t)t * n_cols;
-            uint32_t xa[4], xb[4];
-            x_words(xq + at + k0, xa);
-            x_words(xq + at + k1, xb);
+            uint32_t xa[8], xb[8];
+            x_words(xq + 2 * (at + k0), xa);
+            x_words(xq + 2 * (at + k1), xb);
             const float2 da = __ldg(xds + (at + k0) / 32), db = T::one_block ? da : __ldg(xds + (at + k1) / 32);
 #pragma unroll
-            for (int r = 0; r < Q8_ROWS; ++r) acc[r][t] += w[r].template dot<T::has_min>(xa, xb, da, db);
+            for (int r = 0; r < X16_ROWS; ++r) acc[r][t] += w[r].template dot<T::has_min>(xa, xb, da, db);
         }
     }
 
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
 #pragma unroll
-    for (int t = 0; t < Q8_MAX_TOKENS; ++t) {
+    for (int t = 0; t < X16_MAX_TOKENS; ++t) {
         if (t >= n_tok) break;
 #pragma unroll
-        for (int r = 0; r < Q8_ROWS; ++r) {
+        for (int r = 0; r < X16_ROWS; ++r) {
             const float s = warp_sum(acc[r][t]);
             if (lane == 0) partial[warp][r][t] = s;
         }
     }
     __syncthreads();
-    const int r = threadIdx.x / Q8_MAX_TOKENS, t = threadIdx.x % Q8_MAX_TOKENS;
-    if (r < Q8_ROWS && r0 + r < n_rows && t < n_tok) {
+    const int r = threadIdx.x / X16_MAX_TOKENS, t = threadIdx.x % X16_MAX_TOKENS;
+    if (r < X16_ROWS && r0 + r < n_rows && t < n_tok) {
         float s = 0.0f;
         for (int w = 0; w < (int)blockDim.x / WARP; ++w) s += partial[w][r][t];
         y[(size_t)t * n_rows + r0 + r] = s;
     }
 }
 
-// y (n_tok, n_rows) = x_deq · Wᵀ for n_tok <= 8, from quantize_q8's xq and xds of x (n_tok, n_cols).
-// A block computes Q8_ROWS (2) rows; its threads stride together over the rows' 32-element units.
-// LAUNCH: block = 32 · min(4, ceil(n_cols / 1024)) threads (a multiple of 32, at most Q8_THREADS);
-// grid.x = ceil(n_rows / Q8_ROWS); n_cols a multiple of the type's block. 5 blocks an SM, as matvec.cu.
-#define MATVEC_Q8_KERNEL(name, B)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(Q8_THREADS, 5)                                                    \
-        matvec_q8_##name(const uint8_t* W, const uint8_t* xq, const float2* xds, float* y, int n_rows, int n_cols, \
-                         int n_tok) {                                                                              \
-        matvec_q8<B>(W, xq, xds, y, n_rows, n_cols, n_tok);                                                        \
+// y (n_tok, n_rows) = x_deq · Wᵀ for n_tok <= 8, from quantize_x16's xq and xds of x (n_tok, n_cols).
+// A block computes X16_ROWS (2) rows; its threads stride together over the rows' 32-element units.
+// LAUNCH: block = 32 · min(4, ceil(n_cols / 1024)) threads (a multiple of 32, at most X16_THREADS);
+// grid.x = ceil(n_rows / X16_ROWS); n_cols a multiple of the type's block. 5 blocks an SM, as matvec.cu.
+#define MATVEC_X16_KERNEL(name, B)                                                                          \
+    extern "C" __global__ void __launch_bounds__(X16_THREADS, 5)                                            \
+        matvec_x16_##name(const uint8_t* W, const uint8_t* xq, const float2* xds, float* y, int n_rows,     \
+                          int n_cols, int n_tok) {                                                          \
+        matvec_x16<B>(W, xq, xds, y, n_rows, n_cols, n_tok);                                                \
     }
-MATVEC_Q8_KERNEL(q4_0, block_q4_0)
-MATVEC_Q8_KERNEL(q5_0, block_q5_0)
-MATVEC_Q8_KERNEL(q8_0, block_q8_0)
-MATVEC_Q8_KERNEL(q4_K, block_q4_K)
-MATVEC_Q8_KERNEL(q5_K, block_q5_K)
-MATVEC_Q8_KERNEL(q6_K, block_q6_K)
-#undef MATVEC_Q8_KERNEL
+MATVEC_X16_KERNEL(q4_0, block_q4_0)
+MATVEC_X16_KERNEL(q5_0, block_q5_0)
+MATVEC_X16_KERNEL(q8_0, block_q8_0)
+MATVEC_X16_KERNEL(q4_K, block_q4_K)
+MATVEC_X16_KERNEL(q5_K, block_q5_K)
+MATVEC_X16_KERNEL(q6_K, block_q6_K)
+#undef MATVEC_X16_KERNEL
