@@ -120,8 +120,9 @@ def test_matvec_edge_shapes(gpu, qtype):
 def test_x16_matvec_is_within_int16_rounding_of_float_x(gpu, qtype):
     """The int16 path (kernels/matvec_x16.cu) against x unrounded: int16 x costs ~2e-5 of the result
     on random weights (int8 x, llama.cpp's q8_1, ~5e-3). Every row has blocks of x that are all zero
-    or all tiny and one whose spike takes q = 32767 while its other elements keep ~11 bits."""
-    n_rows, n_cols = 257, 4096
+    or all tiny and one whose spike takes q = 32767 while its other elements keep ~11 bits. 160 units
+    of 32 columns a row: 128 threads make a full pass and a partial one."""
+    n_rows, n_cols = 257, 5120
     w_cpu, w_gpu = both(gpu, qtype, n_rows, n_cols)
     for n_tok in (1, 2, 8, 13):
         x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
