@@ -205,6 +205,28 @@ class Model:
                 yield wanted, logits
             del logits  # before the next pass, so a device backend can reuse the buffer
 
+    def _segment_passes(self, batch: Batch, out_rows: Sequence[int]) -> Iterator[tuple[list[int], object]]:
+        """_passes for a batch of segments (system1's). A recurrent layer's state is one sequence's,
+        so there each run of equal segments is evaluated on its own: the shared prefix (segment 0)
+        first, its state checkpointed, then every candidate from that checkpoint; at the end the
+        state is the prefix's again."""
+        if not self.config.recurrent_layers:
+            yield from self._passes(batch, out_rows)
+            return
+        n, segments = len(batch.tokens), batch.segments
+        starts = [a for a in range(n) if a == 0 or segments[a] != segments[a - 1]]
+        for a, b in zip(starts, starts[1:] + [n]):
+            if segments[a]:
+                self.ops.rewind_state(self.cache)
+            part = Batch(batch.tokens[a:b], batch.positions[a:b], segments[a:b], batch.start + a)
+            mine = [i for i, r in enumerate(out_rows) if a <= r < b]
+            for wanted, logits in self._passes(part, [out_rows[i] - a for i in mine]):
+                yield [mine[i] for i in wanted], logits
+                del logits
+            if not segments[a]:
+                self.ops.checkpoint_state(self.cache)
+        self.ops.rewind_state(self.cache)
+
     def _next_logits(self, batch: Batch):
         """The backend's logits (1, V) after the batch's last token."""
         *_, (_, logits) = self._passes(batch, [len(batch.tokens) - 1])
@@ -357,7 +379,8 @@ class Model:
 
     def system1(self, prompt: Prompt, candidates: Sequence[str], import_kv: str | None = None,
                 export_kv: str | None = None) -> System1Result:
-        """Score every candidate continuation in one forward pass (see ops.Batch for the mask).
+        """Score every candidate continuation in one forward pass (see ops.Batch for the mask; a
+        model with recurrent layers runs the prompt, then each candidate from its state).
         import_kv / export_kv as for generate; the exported state holds the prompt alone."""
         if not candidates:
             raise ReflexError("system1 needs at least one candidate")
@@ -384,7 +407,7 @@ class Model:
         logprob = {}  # (index into rows, token) -> log-probability
         s = start.cached  # slots the imported or baked state holds: the pass starts after them
         with timings.phase("prompt_eval"):
-            for wanted, logits in self._passes(Batch(tokens[s:], positions[s:], segments[s:], s), [r - s for r in rows]):
+            for wanted, logits in self._segment_passes(Batch(tokens[s:], positions[s:], segments[s:], s), [r - s for r in rows]):
                 local = {r: i for i, r in enumerate(wanted)}
                 pairs = [(r, t) for tgt in targets for r, t in tgt if r in local]
                 logprob.update(zip(pairs, self.ops.token_logprobs(logits, [(local[r], t) for r, t in pairs])))
@@ -424,13 +447,13 @@ class Model:
                 state = self._read_state(baked) if os.path.exists(baked) else None
             except ReflexError:
                 state = None
-            return kvstate.prefix(state, ids)
+            return kvstate.prefix(state, ids, whole=bool(self.config.recurrent_layers))
         if len(prompt) and not isinstance(prompt, str) and isinstance(prompt[0], Mapping):
             raise ReflexError("a request that imports a KV state continues it: give the new text or token ids, not chat messages")
         state = self._read_state(import_kv)
         ids = self.tokenize(prompt, add_bos=False) if isinstance(prompt, str) else list(prompt)
         self._check_ids(ids)
-        return kvstate.resume(state, ids, self.n_ctx)
+        return kvstate.resume(state, ids, self.n_ctx, whole=bool(self.config.recurrent_layers))
 
     def _restore(self, start, timings: Timings) -> None:
         if not start.cached:

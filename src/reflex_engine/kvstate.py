@@ -19,7 +19,8 @@ of every tensor's bytes, and its architecture), the tokens whose keys and values
 0..n-1, the `pending` tokens that follow them but were not evaluated yet (a generation's last
 choice), the sampler's random state, and the cache as a list of named arrays with dtype and
 shape (`blk.{i}.k` (n, k_width), `blk.{i}.v` (n, v_width)). A latent (MLA) or recurrent cache
-is other names in the same list. The header is written last, so a file cut short anywhere lacks
+is other names in the same list (`blk.{i}.conv`, `blk.{i}.ssm`: a recurrent layer's state after
+all n tokens, which serves only a request that continues after all of them). The header is written last, so a file cut short anywhere lacks
 it or fails its size check; the arrays carry no checksum (as GGUF weights carry none), since
 hashing them would cost more than a cold start saves.
 
@@ -75,10 +76,22 @@ def model_fingerprint(gguf, extra: Iterable[str] = ()) -> str:
 
 
 def cache_layout(config, n_tokens: int) -> list[tuple[str, tuple[int, ...]]]:
-    """The named arrays of an attention KV cache holding n_tokens slots (see ops.StateArray)."""
+    """The named arrays of a cache holding n_tokens slots (see ops.StateArray), layer by layer."""
     shape = config.cache_shape(n_tokens)
     kinds = (("kv", shape.k_width),) if shape.latent else (("k", shape.k_width), ("v", shape.v_width))
-    return [(f"blk.{i}.{kind}", (n_tokens, width)) for i in range(config.n_layers) for kind, width in kinds]
+    r = shape.recurrent
+    layout = []
+    for i in range(config.n_layers):
+        if i in shape.kv_layers:
+            layout += [(f"blk.{i}.{kind}", (n_tokens, width)) for kind, width in kinds]
+        else:
+            layout += [(f"blk.{i}.conv", (r.conv_rows, r.channels)), (f"blk.{i}.ssm", (r.n_v_heads, r.k_dim, r.v_dim))]
+    return layout
+
+
+def _per_token(name: str) -> bool:
+    """Whether an array holds a row a token (K, V, latent) rather than a recurrent state."""
+    return name.rsplit(".", 1)[-1] in ("k", "v", "kv")
 
 
 def baked_state_path(gguf_path: str) -> str:
@@ -256,7 +269,7 @@ def _check_arrays(state: StateHeader, config, data_end: int) -> None:
 def mapped_arrays(state: StateHeader, n_tokens: int) -> Iterator[dict[str, StateArray]]:
     """The arrays' first n_tokens rows as zero-copy views of the file mapping, for a backend's
     import_cache (a slot's keys and values depend only on the tokens up to it: a prefix of the
-    rows is the cache of a prefix of the tokens)."""
+    rows is the cache of a prefix of the tokens); recurrent states whole."""
     try:
         with open(state.path, "rb") as f:
             if _identity(os.fstat(f.fileno())) != state.identity:
@@ -268,7 +281,8 @@ def mapped_arrays(state: StateHeader, n_tokens: int) -> Iterator[dict[str, State
     try:
         arrays = {}
         for name, dtype, shape, offset in state.arrays:
-            shape = (n_tokens, *shape[1:])
+            if _per_token(name):
+                shape = (n_tokens, *shape[1:])
             view = memoryview(mapped)[offset : offset + DTYPES[dtype] * _count(shape)]
             views.append(view)
             arrays[name] = StateArray(name, dtype, shape, view)
@@ -294,19 +308,21 @@ class Start(NamedTuple):
     state: StateHeader | None  # None: nothing to import (cached is 0)
 
 
-def resume(state: StateHeader, new_ids: list[int], n_ctx: int) -> Start:
-    """An imported conversation continued by new_ids (which may be empty)."""
+def resume(state: StateHeader, new_ids: list[int], n_ctx: int, whole: bool = False) -> Start:
+    """An imported conversation continued by new_ids (which may be empty). whole: the cache holds
+    recurrent states, usable only after all the state's tokens."""
     ids = state.tokens + state.pending + new_ids
     if len(ids) > n_ctx:
         raise ContextExceeded(f"the imported state ({len(state.tokens) + len(state.pending)} tokens) plus the prompt "
                               f"({len(new_ids)}) is {len(ids)} tokens, longer than the context ({n_ctx})")
-    return Start(ids, _cached(state, ids), state)
+    return Start(ids, _cached(state, ids, whole), state)
 
 
-def prefix(state: StateHeader | None, ids: list[int]) -> Start:
+def prefix(state: StateHeader | None, ids: list[int], whole: bool = False) -> Start:
     """A baked prompt reused when ids start with its tokens, or with all but its last SEAM_TOKENS
     (the prompt's text continued the baked text's last word or whitespace, and the tokenizer
-    merged across the seam): then the tokens they share are not evaluated again."""
+    merged across the seam): then the tokens they share are not evaluated again. whole: as for
+    resume, so only ids that continue past all the baked tokens reuse them."""
     shared = 0
     if state is not None:
         for a, b in zip(state.tokens, ids):
@@ -315,15 +331,18 @@ def prefix(state: StateHeader | None, ids: list[int]) -> Start:
             shared += 1
     if state is None or shared < len(state.tokens) - SEAM_TOKENS:
         return Start(ids, 0, None)
-    cached = min(shared, len(ids) - 1)
+    cached = _cached(state, ids, whole) if whole else min(shared, len(ids) - 1)
     return Start(ids, cached, state if cached else None)
 
 
-def _cached(state: StateHeader, ids: list[int]) -> int:
+def _cached(state: StateHeader, ids: list[int], whole: bool) -> int:
     # the pass must hold at least one token, for the logits that choose the next one: with
-    # nothing new, the last cached token is evaluated again (its slot rewritten)
+    # nothing new, the last cached token is evaluated again (its slot rewritten); a recurrent
+    # state cannot be taken back a token, so then everything is evaluated again
     n = len(state.tokens)
-    return n if len(ids) > n else n - 1
+    if len(ids) > n and ids[:n] == state.tokens:
+        return n
+    return 0 if whole else n - 1
 
 
 def sampler_state(kind: str, seed: int | None, state: Any) -> dict | None:

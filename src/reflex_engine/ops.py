@@ -85,21 +85,42 @@ class Batch(NamedTuple):
         return cls(tokens, range(start, start + n), (0,) * n, start)
 
 
+class RecurrentShape(NamedTuple):
+    """The fixed-size state of a Gated DeltaNet layer, whatever the context length: the conv's last
+    K-1 inputs (K-1, channels) and the delta rule's S (n_v_heads, k_dim, v_dim)."""
+
+    layers: tuple[int, ...]  # the layers that hold this state instead of K and V
+    conv_rows: int  # K - 1
+    channels: int  # the conv's width: q, k and v of every head
+    n_v_heads: int
+    k_dim: int
+    v_dim: int
+
+
 class CacheShape(NamedTuple):
     """Per layer, K (capacity, k_width) and V (capacity, v_width). A latent cache (MLA) holds one
-    row per token, (capacity, k_width), whose first v_width features are also the values."""
+    row per token, (capacity, k_width), whose first v_width features are also the values. The
+    `recurrent` layers hold no K and V but a RecurrentShape state."""
 
     n_layers: int
     capacity: int
     k_width: int
     v_width: int
     latent: bool = False
+    recurrent: RecurrentShape | None = None
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """The layers whose cache grows by a row of K and V a token."""
+        skip = self.recurrent.layers if self.recurrent else ()
+        return tuple(i for i in range(self.n_layers) if i not in skip)
 
 
 class StateArray(NamedTuple):
     """A named array of a cache's contents, as KV state files (kvstate.py) hold them. An attention
     cache of n tokens is `blk.{i}.k` (n, k_width) and `blk.{i}.v` (n, v_width) per layer; a
-    latent one `blk.{i}.kv` (n, k_width)."""
+    latent one `blk.{i}.kv` (n, k_width); a recurrent layer's state after the n tokens
+    `blk.{i}.conv` (K-1, channels) and `blk.{i}.ssm` (n_v_heads, k_dim, v_dim)."""
 
     name: str
     dtype: str  # "f32" or "f16"
@@ -185,6 +206,38 @@ class Ops(Protocol):
         (T, k_width) to the latent cache at batch.start; keys are the cached rows, values their
         first v_width features. q (T, H*k_width) -> (T, H*v_width)."""
 
+    # -- Gated DeltaNet (qwen35, qwen3next): a recurrent state per layer instead of K and V. A batch
+    # with start 0 begins a sequence from the zero state; any other continues the state as the
+    # last batch (or import_cache, or rewind_state) left it, whatever start says.
+
+    def sigmoid_gate(self, x: Tensor, gate: Tensor) -> Tensor:
+        """x * sigmoid(gate): gate (T, F) as x, or (T, 1) for one gate a token."""
+
+    def l2_norm(self, x: Tensor, head_dim: int, eps: float) -> Tensor:
+        """x (T, n*head_dim): each head divided by sqrt(sum of its squares + eps)."""
+
+    def causal_conv1d(self, x: Tensor, weight: Weight, *, cache: Any, layer: int, batch: Batch) -> Tensor:
+        """silu(y), y_c(t) = sum_j weight[c, j] * x_c(t - K + 1 + j): a depthwise causal conv over
+        x (T, C) with a stored (C, K) weight (ggml {K, C}), whose inputs before the batch are the
+        layer's conv state (the last K-1 rows; zeros at start 0), which it then holds."""
+
+    def gdn_gates(self, alpha: Tensor, beta: Tensor, *, dt_bias: Weight, ssm_a: Weight) -> tuple[Tensor, Tensor]:
+        """alpha, beta (T, H) -> (g, b): the log-decay g = ssm_a * softplus(alpha + dt_bias) and
+        the write strength b = sigmoid(beta); ssm_a (H,) is -exp(A_log), dt_bias (H,)."""
+
+    def delta_rule(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, cache: Any, layer: int,
+                   batch: Batch, tiled: bool, scale: float) -> Tensor:
+        """The gated delta rule over the batch, from the layer's state S (H, dk, dv), per value
+        head h and token t: S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T (scale q).
+        q, k (T, Hk*dk), v (T, H*dv), g and beta (T, H) -> o (T, H*dv); value head h reads key
+        head h % Hk if tiled (qwen35's converter order), else h // (H / Hk) (qwen3next)."""
+
+    def checkpoint_state(self, cache: Any) -> None:
+        """Keep a copy of every recurrent layer's state (system1: the prompt's, before a candidate)."""
+
+    def rewind_state(self, cache: Any) -> None:
+        """Put the checkpointed recurrent states back (K and V need none: segments mask them)."""
+
     def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:
         """x[rows]: only the positions whose logits are wanted reach the LM head."""
 
@@ -203,9 +256,10 @@ class Ops(Protocol):
         (token, log softmax in float64) pairs."""
 
     def export_cache(self, cache: Any, n_tokens: int) -> Iterator[StateArray]:
-        """Slots 0..n_tokens-1 of every layer's K and V, one array at a time, in the cache's own
-        dtype; each array's buffer stays valid until the next is asked for."""
+        """Slots 0..n_tokens-1 of every layer's K and V (and the recurrent layers' states, which
+        must be those after those n tokens), one array at a time, in the cache's own dtype; each
+        array's buffer stays valid until the next is asked for."""
 
     def import_cache(self, cache: Any, arrays: Mapping[str, StateArray], n_tokens: int) -> None:
         """Write such arrays (f32 or f16, converted to the cache's dtype) to slots 0..n_tokens-1,
-        as segment 0 (the shared prefix)."""
+        as segment 0 (the shared prefix), and the recurrent states."""

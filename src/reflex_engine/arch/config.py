@@ -7,7 +7,7 @@ from typing import Any, Mapping, NamedTuple
 
 from ..errors import ReflexError
 from ..gguf import LazyArray
-from ..ops import CacheShape, Gating, Rope, RopeMode, Routing
+from ..ops import CacheShape, Gating, RecurrentShape, Rope, RopeMode, Routing
 
 
 class ArchConfig(NamedTuple):
@@ -37,13 +37,39 @@ class ArchConfig(NamedTuple):
     qk_nope_dim: int = 0  # per query head, the dims without RoPE
     v_head_mla: int = 0  # per head, the value width after W_vb
     scale: float = 0.0  # the attention scale where it is not 1/sqrt(head_dim)
+    n_ff_shared: int = 0  # the shared expert's width where the file gives it (expert_shared_feed_forward_length)
+    # Gated DeltaNet (read_ssm): these layers hold a recurrent state instead of attention
+    recurrent_layers: tuple[int, ...] = ()
+    ssm_conv_kernel: int = 0  # K
+    ssm_k_dim: int = 0  # a key head's width (ssm.state_size)
+    ssm_k_heads: int = 0  # ssm.group_count
+    ssm_v_heads: int = 0  # ssm.time_step_rank
+    ssm_v_dim: int = 0  # a value head's width: ssm.inner_size / ssm_v_heads
+    ssm_tiled: bool = False  # value head h reads key head h % ssm_k_heads (qwen35's converter order), else h // r
 
     def is_moe(self, layer: int) -> bool:
         return self.n_expert > 0 and layer >= self.n_dense_layers
 
+    def is_recurrent(self, layer: int) -> bool:
+        return layer in self.recurrent_layers
+
     def cache_shape(self, capacity: int) -> CacheShape:
         k, v = self.n_kv_heads * self.head_dim, self.n_kv_heads * self.v_head_dim
-        return CacheShape(self.n_layers, capacity, k, v, latent=self.kv_lora_rank > 0)
+        recurrent = RecurrentShape(self.recurrent_layers, self.ssm_conv_kernel - 1, self.ssm_channels, self.ssm_v_heads,
+                                   self.ssm_k_dim, self.ssm_v_dim) if self.recurrent_layers else None
+        return CacheShape(self.n_layers, capacity, k, v, latent=self.kv_lora_rank > 0, recurrent=recurrent)
+
+    @property
+    def ssm_k_width(self) -> int:
+        return self.ssm_k_heads * self.ssm_k_dim
+
+    @property
+    def ssm_v_width(self) -> int:
+        return self.ssm_v_heads * self.ssm_v_dim
+
+    @property
+    def ssm_channels(self) -> int:  # the conv runs over q, k and v of every head
+        return 2 * self.ssm_k_width + self.ssm_v_width
 
     @property
     def attn_scale(self) -> float:
@@ -55,7 +81,7 @@ class ArchConfig(NamedTuple):
 
     @property
     def n_ff_shexp(self) -> int:
-        return self.n_ff_exp * self.n_shared_experts
+        return self.n_ff_shared or self.n_ff_exp * self.n_shared_experts
 
     @property
     def rope_pairs(self) -> int:
@@ -67,7 +93,8 @@ class ArchConfig(NamedTuple):
         residual stream and its norms, q/k/v before and after norm and RoPE, the FFN, logits."""
         q, kv = self.n_heads * self.head_dim, self.n_kv_heads * (self.head_dim + self.v_head_dim)
         moe = 2 * self.n_expert + 3 * self.n_ff_exp + self.n_embd if self.n_expert else 0
-        return 6 * self.n_embd + 4 * q + 3 * kv + 2 * self.n_heads * self.v_head_dim + 3 * self.n_ff + self.n_vocab + moe
+        ssm = 3 * self.ssm_channels + 4 * self.ssm_v_width + 6 * self.ssm_v_heads if self.recurrent_layers else 0
+        return 6 * self.n_embd + 4 * q + 3 * kv + 2 * self.n_heads * self.v_head_dim + 3 * self.n_ff + self.n_vocab + moe + ssm
 
 
 class Meta:
@@ -153,3 +180,27 @@ def read_moe(metadata: Mapping[str, Any], cfg: ArchConfig, *, norm: bool, gating
     n_ff_exp = meta.get("expert_feed_forward_length", cfg.n_ff // n_used or None)  # llama.cpp's fallback
     routing = Routing(n_used, gating, norm, scale, n_groups, n_groups_used)
     return cfg._replace(n_expert=n_expert, n_ff_exp=n_ff_exp, routing=routing, n_dense_layers=n_dense_layers)
+
+
+def read_ssm(metadata: Mapping[str, Any], cfg: ArchConfig, *, tiled: bool) -> ArchConfig:
+    """cfg with the Gated DeltaNet keys (`ssm.*`) and the layer schedule: `attention.recurrent_layers`
+    where the file has it, else every `full_attention_interval`-th layer is attention. Layers
+    past block_count - nextn_predict_layers are MTP layers, which the main pass does not run."""
+    meta = Meta(metadata, cfg.arch)
+    n_layers = cfg.n_layers - (metadata.get(f"{cfg.arch}.nextn_predict_layers") or 0)
+    k_heads, v_heads, inner = meta.get("ssm.group_count"), meta.get("ssm.time_step_rank"), meta.get("ssm.inner_size")
+    if v_heads % k_heads or inner % v_heads or n_layers < 1:
+        raise ReflexError(f"{cfg.arch}: ssm.inner_size {inner} over ssm.time_step_rank {v_heads} value heads and "
+                          f"ssm.group_count {k_heads} key heads do not describe Gated DeltaNet heads")
+    flags = metadata.get(f"{cfg.arch}.attention.recurrent_layers")
+    if flags is None:
+        interval = meta.get("full_attention_interval", 4)
+        recurrent = tuple(i for i in range(n_layers) if (i + 1) % interval)
+    else:
+        flags = list(flags) if isinstance(flags, LazyArray) else flags
+        if not isinstance(flags, list) or len(flags) < n_layers or not all(isinstance(f, bool) for f in flags):
+            raise ReflexError(f"{cfg.arch}: attention.recurrent_layers must be {n_layers} booleans, found {flags!r}")
+        recurrent = tuple(i for i in range(n_layers) if flags[i])
+    return cfg._replace(n_layers=n_layers, recurrent_layers=recurrent, ssm_conv_kernel=meta.get("ssm.conv_kernel"),
+                        ssm_k_dim=meta.get("ssm.state_size"), ssm_k_heads=k_heads, ssm_v_heads=v_heads,
+                        ssm_v_dim=inner // v_heads, ssm_tiled=tiled)

@@ -18,7 +18,7 @@ class TensorDecl(NamedTuple):
     name: str  # without the ".weight" suffix; "blk.{i}." is implied for layer tensors
     shape: tuple[str, ...]
     optional: bool = False
-    suffix: str = "weight"  # DeepSeek-V3's `exp_probs_b.bias`
+    suffix: str = "weight"  # DeepSeek-V3's `exp_probs_b.bias`; "": none (qwen35's `ssm_a`)
     when: Callable[[ArchConfig, int], bool] | None = None  # the layers (cfg, i) that have it; None: all
 
 
@@ -38,11 +38,12 @@ def plan_weights(f: GGUFFile, cfg: ArchConfig, model: list[TensorDecl], layer: l
     checked against its declaration before anything is loaded."""
 
     def find(name: str, decl: TensorDecl) -> TensorInfo | None:
-        info = f.tensors.get(f"{name}.{decl.suffix}")
+        full = f"{name}.{decl.suffix}" if decl.suffix else name
+        info = f.tensors.get(full)
         if info is None:
             if decl.optional:
                 return None
-            raise ReflexError(f"{f.path}: model file lacks tensor {name + '.' + decl.suffix!r} ({cfg.arch})")
+            raise ReflexError(f"{f.path}: model file lacks tensor {full!r} ({cfg.arch})")
         expected = tuple(_extent(e, cfg) for e in decl.shape)
         if info.shape != expected:
             raise ReflexError(f"{f.path}: tensor {info.name!r} has shape {list(info.shape)}, {cfg.arch} expects {list(expected)}")

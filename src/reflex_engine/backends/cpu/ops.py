@@ -8,14 +8,19 @@ import numpy as np
 
 from ...ops import Batch, CacheShape, Gating, Rope, RopeMode, Routes, Routing, StateArray
 from ...quants import dequantize
+from . import delta_rule
 from .sampler import LastRowSampler, log_softmax
 
 
 class KVCache(NamedTuple):
-    k: list[np.ndarray]  # per layer (capacity, Hkv*dk); latent: (capacity, k_width)
-    v: list[np.ndarray]  # per layer (capacity, Hkv*dv); latent: none, the values are k[:, :v_width]
+    k: list[np.ndarray | None]  # per layer (capacity, Hkv*dk); latent: (capacity, k_width); recurrent: None
+    v: list[np.ndarray | None]  # per layer (capacity, Hkv*dv); latent: none, the values are k[:, :v_width]
     segments: np.ndarray  # (capacity,) segment of each written slot
     latent: bool = False
+    # recurrent layers (Gated DeltaNet): by layer, the conv state (K-1, C) and S (H, dk, dv)
+    conv: dict[int, np.ndarray] | None = None
+    ssm: dict[int, np.ndarray] | None = None
+    checkpoint: dict[str, np.ndarray] | None = None  # checkpoint_state's copies
 
 
 def _yarn_ramp(rope: Rope) -> np.ndarray:
@@ -28,6 +33,11 @@ def _yarn_ramp(rope: Rope) -> np.ndarray:
     high = min(rope.n_rot - 1.0, math.ceil(corr_dim(rope.beta_slow)))
     y = (np.arange(rope.n_rot // 2, dtype=np.float64) - low) / max(0.001, high - low)
     return 1 - np.clip(y, 0, 1)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # exp(-x) -> inf gives 0, as it should
+        return np.float32(1) / (np.float32(1) + np.exp(-x))
 
 
 def _top(scores: np.ndarray, k: int) -> np.ndarray:
@@ -57,11 +67,16 @@ class CpuOps:
 
     def new_kv_cache(self, shape: CacheShape) -> KVCache:
         # np.zeros maps untouched pages lazily: a long context costs memory only where written
+        kv, r = shape.kv_layers, shape.recurrent
         return KVCache(
-            k=[np.zeros((shape.capacity, shape.k_width), np.float32) for _ in range(shape.n_layers)],
-            v=[] if shape.latent else [np.zeros((shape.capacity, shape.v_width), np.float32) for _ in range(shape.n_layers)],
+            k=[np.zeros((shape.capacity, shape.k_width), np.float32) if i in kv else None for i in range(shape.n_layers)],
+            v=[] if shape.latent else [np.zeros((shape.capacity, shape.v_width), np.float32) if i in kv else None
+                                       for i in range(shape.n_layers)],
             segments=np.zeros(shape.capacity, np.int32),
             latent=shape.latent,
+            conv={i: np.zeros((r.conv_rows, r.channels), np.float32) for i in r.layers} if r else {},
+            ssm={i: np.zeros((r.n_v_heads, r.k_dim, r.v_dim), np.float32) for i in r.layers} if r else {},
+            checkpoint={},
         )
 
     def embed(self, table: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
@@ -192,6 +207,55 @@ class CpuOps:
             np.add.at(out, rows, h * routes.weights[rows, slot][:, None])
         return out
 
+    # -- Gated DeltaNet ---------------------------------------------------------------------------
+
+    def sigmoid_gate(self, x: np.ndarray, gate: np.ndarray) -> np.ndarray:
+        return x * _sigmoid(gate)
+
+    def l2_norm(self, x: np.ndarray, head_dim: int, eps: float) -> np.ndarray:
+        heads = x.reshape(x.shape[0], -1, head_dim)
+        return (heads / np.sqrt(np.sum(heads * heads, axis=-1, keepdims=True) + np.float32(eps))).reshape(x.shape)
+
+    def causal_conv1d(self, x: np.ndarray, weight: np.ndarray, *, cache: KVCache, layer: int, batch: Batch) -> np.ndarray:
+        state = cache.conv[layer]
+        if batch.start == 0:
+            state[:] = 0
+        inputs = np.concatenate([state, x])  # (K-1+T, C): row j + K-1 is token j
+        t, taps = x.shape[0], weight.shape[1]
+        y = sum(inputs[j : j + t] * weight[:, j] for j in range(taps))
+        state[:] = inputs[t:]
+        return y * _sigmoid(y)  # SiLU
+
+    def gdn_gates(self, alpha: np.ndarray, beta: np.ndarray, *, dt_bias: np.ndarray, ssm_a: np.ndarray):
+        g = ssm_a * np.logaddexp(np.float32(0), alpha + dt_bias)  # softplus without overflow
+        return g.astype(np.float32), _sigmoid(beta)
+
+    def delta_rule(self, q, k, v, g, beta, *, cache: KVCache, layer: int, batch: Batch, tiled: bool, scale: float):
+        state = cache.ssm[layer]
+        if batch.start == 0:
+            state[:] = 0
+        t, (h, dk, dv) = q.shape[0], state.shape
+        k_heads = q.shape[1] // dk
+        of = np.arange(h) % k_heads if tiled else np.arange(h) // (h // k_heads)  # each value head's key head
+
+        def heads(x, d, index=None):  # (T, n*d) -> (H, T, d)
+            x = x.reshape(t, -1, d)
+            return np.ascontiguousarray((x if index is None else x[:, index]).transpose(1, 0, 2))
+
+        args = (heads(q * np.float32(scale), dk, of), heads(k, dk, of), heads(v, dv), np.ascontiguousarray(g.T),
+                np.ascontiguousarray(beta.T), state)
+        out, state[:] = delta_rule.recurrent(*args) if t == 1 else delta_rule.chunked(*args)
+        return out.transpose(1, 0, 2).reshape(t, h * dv)
+
+    def checkpoint_state(self, cache: KVCache) -> None:
+        cache.checkpoint.update({f"conv{i}": c.copy() for i, c in cache.conv.items()})
+        cache.checkpoint.update({f"ssm{i}": s.copy() for i, s in cache.ssm.items()})
+
+    def rewind_state(self, cache: KVCache) -> None:
+        for i in cache.conv:
+            cache.conv[i][:] = cache.checkpoint[f"conv{i}"]
+            cache.ssm[i][:] = cache.checkpoint[f"ssm{i}"]
+
     def take_rows(self, x: np.ndarray, rows: Sequence[int]) -> np.ndarray:
         return x[np.asarray(rows, dtype=np.int64)]
 
@@ -213,18 +277,25 @@ class CpuOps:
 
     # -- KV state files (kvstate.py) -------------------------------------------------------------
 
+    @staticmethod
+    def _layer_arrays(cache: KVCache, n_tokens: int):
+        """(name, the cache's array for it) in kvstate.cache_layout's order: per-token ones cut to n_tokens."""
+        for i in range(len(cache.k)):
+            if i in cache.ssm:
+                yield f"blk.{i}.conv", cache.conv[i]
+                yield f"blk.{i}.ssm", cache.ssm[i]
+            elif cache.latent:
+                yield f"blk.{i}.kv", cache.k[i][:n_tokens]
+            else:
+                yield f"blk.{i}.k", cache.k[i][:n_tokens]
+                yield f"blk.{i}.v", cache.v[i][:n_tokens]
+
     def export_cache(self, cache: KVCache, n_tokens: int):
-        if cache.latent:
-            for i, kv in enumerate(cache.k):
-                yield StateArray(f"blk.{i}.kv", "f32", (n_tokens, kv.shape[1]), kv[:n_tokens])
-            return
-        for i, (k, v) in enumerate(zip(cache.k, cache.v)):
-            yield StateArray(f"blk.{i}.k", "f32", (n_tokens, k.shape[1]), k[:n_tokens])
-            yield StateArray(f"blk.{i}.v", "f32", (n_tokens, v.shape[1]), v[:n_tokens])
+        for name, a in self._layer_arrays(cache, n_tokens):
+            yield StateArray(name, "f32", a.shape, a)
 
     def import_cache(self, cache: KVCache, arrays, n_tokens: int) -> None:
-        for i in range(len(cache.k)):
-            for kind, dest in ((("kv", cache.k[i]),) if cache.latent else (("k", cache.k[i]), ("v", cache.v[i]))):
-                a = arrays[f"blk.{i}.{kind}"]
-                dest[:n_tokens] = np.frombuffer(a.data, "<f4" if a.dtype == "f32" else "<f2").reshape(a.shape)
+        for name, dest in self._layer_arrays(cache, n_tokens):
+            a = arrays[name]
+            dest[...] = np.frombuffer(a.data, "<f4" if a.dtype == "f32" else "<f2").reshape(a.shape)
         cache.segments[:n_tokens] = 0
