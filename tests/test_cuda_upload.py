@@ -3,6 +3,7 @@ can be registered with the driver once, so chunks must never share one; every by
 copy must land once, at its own device offset), sent in the order a pass reads them, and a pass
 that starts while they are in flight waits for each weight it reads and for nothing else."""
 import ctypes
+import gc
 import random
 import threading
 import time
@@ -147,7 +148,10 @@ def test_a_copy_waited_for_has_landed_and_every_byte_arrives(seed, monkeypatch):
         assert dev.raw[c.dst - base : c.dst - base + c.nbytes] == src[c.src - ctypes.addressof(host):][:c.nbytes]
     assert up.finish() >= 0
     assert dev.raw == src
-    assert sorted(up.pinned) == sorted(drv.registered) and not drv.unregistered  # pinned for the process's life
+    assert sorted(up.pinned) == sorted(drv.registered) and not drv.unregistered  # pinned while the upload lives
+    del up
+    gc.collect()
+    assert sorted(drv.unregistered) == sorted(drv.registered)  # and unpinned when it goes, before its buffers
     assert len(drv.waited) == len(set(drv.waited))  # one wait per chunk, however many weights share it
 
 

@@ -50,6 +50,7 @@ _SIGNATURES = {
     "cuMemHostAlloc": (POINTER(c_void_p), c_size_t, c_uint),
     "cuMemFreeHost": (c_void_p,),
     "cuMemHostRegister_v2": (c_void_p, c_size_t, c_uint),
+    "cuMemHostUnregister": (c_void_p,),
     "cuStreamCreate": (POINTER(c_void_p), c_uint),
     "cuStreamSynchronize": (c_void_p,),
     "cuStreamDestroy_v2": (c_void_p,),

@@ -193,15 +193,16 @@ class CudaOps(ExpertOps):
         self.weights_arrived()  # an earlier commit's copies first
         if not self._pending:
             return 0
-        self._upload = Upload(self.device, [copy for copy, _ in self._pending])
+        self._upload_ms = None
+        self._upload = Upload(self.device, [copy for copy, _ in self._pending], [view for _, view in self._pending])
         self._arriving = {copy.dst: (i, view) for i, (copy, view) in enumerate(self._pending)}
         self._pending = []
         return self._upload.nbytes
 
     def weights_arrived(self) -> float | None:
-        if self._upload is not None:
+        if self._upload is not None and self._upload_ms is None:
             self._arriving = {}
-            self._upload_ms, self._upload = self._upload.finish(), None
+            self._upload_ms = self._upload.finish()  # the Upload stays: its pages stay pinned (upload.py)
         return self._upload_ms
 
     def _ready(self, weight: Weight) -> int:

@@ -12,9 +12,11 @@ each (one stream for all the copies was slower: 8B, 5 GB in ~230 ms against ~160
 A weight's first reader waits on the host for the events of the chunks holding it, then
 enqueues its kernels, so a prompt's pass can run on the first layers while later ones are in
 flight; chunks go in the order the weights were loaded (a pass's order), not the file's.
-The pages stay pinned for the process's life, as the weights' device memory stays taken:
-unpinning costs tens of milliseconds for 0.42 GB on the H200 (tools/probe_overlap.py,
-docs/perf-notes.md), and the driver releases both at exit. The file mapping lives as long.
+The pages stay pinned as long as the Upload object lives (CudaOps keeps it, as it keeps the
+weights' device memory), and so do the buffers they belong to: a mapping unmapped while pinned
+would leave the driver copying the old pages for whatever is mapped there next. Unpinning costs
+tens of milliseconds for 0.42 GB on the H200 (tools/probe_overlap.py, docs/perf-notes.md), so it
+is never done on the way out of the process: the driver releases the pages at exit.
 
 Only a file mapping's pages are pinned: they hold nothing else, while pinning a heap buffer's
 pages would pin its neighbours' too, and the driver refuses a copy from memory that is partly
@@ -28,6 +30,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from ctypes import byref, c_int, c_size_t, c_void_p
 from typing import NamedTuple, Sequence
 
@@ -93,6 +96,15 @@ def _madvise(start: int, length: int, advice: int) -> None:
     _libc.madvise(start, length, advice)  # advice only: a refusal leaves the faulting to the driver
 
 
+def _unpin(drv, pinned: list[int], buffers: list) -> None:
+    for start in pinned:
+        try:
+            drv.cuMemHostUnregister(start)
+        except cu.CudaError:
+            pass  # the context is gone: so is the pinning
+    buffers.clear()  # only now may the mappings go
+
+
 class Upload:
     """The copies, started at once on `threads` threads, each pinning a chunk, copying it on its
     own stream and recording the chunk's event, then taking the next. `wait(i)` returns once
@@ -100,7 +112,8 @@ class Upload:
     read-only registration) is copied from pageable memory. A failure is raised by the next
     `wait` or `finish`, never left for a waiter to hang on."""
 
-    def __init__(self, device, copies: Sequence[Copy], threads: int = THREADS):
+    def __init__(self, device, copies: Sequence[Copy], buffers: Sequence = (), threads: int = THREADS):
+        """buffers: the objects the copies read from, kept alive while their pages are pinned."""
         self.device, self.nbytes = device, sum(c.nbytes for c in copies)
         self.chunks = plan_chunks(copies)
         self._chunks_of: list[list[int]] = [[] for _ in copies]
@@ -114,6 +127,8 @@ class Upload:
             self._events.append(c_void_p())
             device.drv.cuEventCreate(byref(self._events[-1]), cu.EVENT_DISABLE_TIMING)
         self.pinned: list[int] = []  # starts of the pinned ranges (see the module's docstring)
+        unpin = weakref.finalize(self, _unpin, device.drv, self.pinned, list(buffers))
+        unpin.atexit = False
         self._landed: set[int] = set()  # chunks wait() has seen land
         self._errors: list[BaseException] = []
         self._started, self._copy_ends = time.perf_counter(), []  # when each thread saw its copies end
