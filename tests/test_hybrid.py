@@ -6,9 +6,17 @@ engine's recurrent state: generate, system1, KV state files."""
 import numpy as np
 import pytest
 
+import reflex_engine
+from reflex_engine import kvstate
 from reflex_engine.backends.cpu import CpuOps
 from reflex_engine.backends.cpu import delta_rule
+from reflex_engine.check import TOLERANCE, check_against_reference
+from reflex_engine.errors import ReflexError
 from reflex_engine.ops import Batch, CacheShape, RecurrentShape
+from reflex_engine.sampling import SamplingParams
+from model_files import rewrite, run_cli
+from test_cuda_errors import fake, run  # noqa: F401 (fake is a fixture)
+from test_goldens import paths
 
 ops = CpuOps()
 rng = np.random.default_rng(35)
@@ -138,3 +146,212 @@ def test_checkpoint_and_rewind_restore_the_recurrent_state_only():
     ops.rewind_state(cache)
     assert (cache.conv[0] == 1).all() and (cache.ssm[0] == 2).all()
     assert cache.k[0] is None and cache.k[1].shape == (16, 8)  # layer 0 is recurrent: no K and V
+
+
+# -- the models against transformers -----------------------------------------------------------
+
+VARIANTS = [("qwen35", "F32"), ("qwen35", "Q8_0"), ("qwen35", "Q4_0"), ("qwen35moe", "F32"), ("qwen35moe", "Q8_0"),
+            ("qwen3next", "F32"), ("qwen3next", "Q8_0")]
+GREEDY = SamplingParams(temperature=0)
+
+
+@pytest.mark.parametrize("arch,qtype", VARIANTS)
+def test_logits_and_greedy_match_transformers(arch, qtype):
+    model = reflex_engine.load(paths(arch, qtype)[0], device="cpu")
+    report = check_against_reference(model, paths(arch, qtype)[1])
+    assert report.tolerance == TOLERANCE["cpu"]
+    assert report.ok, "\n".join(report.lines)
+    assert report.n_prompts == (6 if arch == "qwen35" else 5)
+    assert sum("greedy" in line and "identical" in line for line in report.lines) == 2
+
+
+def _golden(arch, i=4):
+    with np.load(paths(arch, "F32")[1]) as z:
+        return z[f"prompt_{i}"].tolist(), z[f"logits_{i}"]
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+def test_the_value_to_key_head_mapping_matters(arch):
+    model = reflex_engine.load(paths(arch, "F32")[0], device="cpu")
+    ids, expected = _golden(arch)
+    assert np.abs(model.logits(ids) - expected).max() <= TOLERANCE["cpu"] * np.ptp(expected)
+    model.config = model.config._replace(ssm_tiled=not model.config.ssm_tiled)
+    assert np.abs(model.logits(ids) - expected).max() > 1e-3
+
+
+@pytest.mark.parametrize("arch,what", [("qwen35moe", "renormalisation"), ("qwen35moe", "shared expert"),
+                                       ("qwen3next", "shared expert gate"), ("qwen3next", "beta and alpha swapped")])
+def test_each_part_of_the_moe_hybrids_matters(arch, what):
+    model = reflex_engine.load(paths(arch, "F32")[0], device="cpu")
+    cfg = model.config
+    assert cfg.n_expert == 4 and cfg.routing.n_used == 2 and cfg.n_ff_shexp == 48 and cfg.recurrent_layers == (0, 1)
+    ids, expected = _golden(arch)
+    assert np.abs(model.logits(ids) - expected).max() <= TOLERANCE["cpu"] * np.ptp(expected)
+    for lw in model.weights.blk:
+        if what == "shared expert":
+            lw.ffn_down_shexp = np.zeros_like(lw.ffn_down_shexp)
+        elif what == "shared expert gate":
+            lw.ffn_gate_inp_shexp = np.zeros_like(lw.ffn_gate_inp_shexp)  # sigmoid(0): half, not the gate's
+        elif what == "beta and alpha swapped" and lw.ssm_ba is not None:
+            r = cfg.ssm_v_heads // cfg.ssm_k_heads
+            lw.ssm_ba = lw.ssm_ba.reshape(cfg.ssm_k_heads, 2, r, -1)[:, ::-1].reshape(lw.ssm_ba.shape)
+    if what == "renormalisation":
+        model.config = cfg._replace(routing=cfg.routing._replace(norm=False))
+    assert np.abs(model.logits(ids) - expected).max() > 1e-3
+
+
+def test_the_layer_schedule_comes_from_the_metadata(tmp_path):
+    cfg = reflex_engine.load(paths("qwen35", "F32")[0], device="cpu").config
+    assert cfg.recurrent_layers == (0, 1, 2) and cfg.rope.n_rot == 8 and cfg.head_dim == 32
+    assert (cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim, cfg.ssm_conv_kernel) == (2, 4, 16, 16, 4)
+    by_interval = rewrite(paths("qwen35", "F32")[0], str(tmp_path / "a.gguf"), drop_key="qwen35.attention.recurrent_layers")
+    assert reflex_engine.load(by_interval, device="cpu").config.recurrent_layers == (0, 1, 2)
+    every_2nd = rewrite(by_interval, str(tmp_path / "b.gguf"), values={"qwen35.full_attention_interval": 2})
+    with pytest.raises(ReflexError, match=r"lacks tensor 'blk.1.attn_q.weight'"):
+        reflex_engine.load(every_2nd, device="cpu")
+
+
+@pytest.mark.parametrize("arch,change,message", [
+    ("qwen35", dict(values={"qwen35.ssm.time_step_rank": 8, "qwen35.ssm.inner_size": 128}),
+     "tensor 'blk.0.attn_qkv.weight' has shape [64, 128], qwen35 expects [64, 192]"),
+    ("qwen35", dict(values={"qwen35.ssm.state_size": 8}), "tensor 'blk.0.attn_qkv.weight' has shape [64, 128], qwen35 expects [64, 96]"),
+    ("qwen35", dict(values={"qwen35.ssm.conv_kernel": 3}), "tensor 'blk.0.ssm_conv1d.weight' has shape [4, 128], qwen35 expects [3, 128]"),
+    ("qwen35", dict(values={"qwen35.ssm.time_step_rank": 3}), "do not describe Gated DeltaNet heads"),
+    ("qwen35", dict(reshape="blk.2.ssm_a"), "tensor 'blk.2.ssm_a' has shape [2], qwen35 expects [4]"),
+    ("qwen35", dict(drop="blk.1.ssm_dt.bias"), "lacks tensor 'blk.1.ssm_dt.bias'"),
+    ("qwen35", dict(drop_key="qwen35.ssm.group_count"), "GGUF metadata key 'qwen35.ssm.group_count' is missing"),
+    ("qwen35", dict(drop_key="qwen35.rope.dimension_sections"), "rope.dimension_sections' must be 4 section sizes"),
+    ("qwen35moe", dict(values={"qwen35moe.expert_count": 8}),
+     "tensor 'blk.0.ffn_gate_inp.weight' has shape [64, 4], qwen35moe expects [64, 8]"),
+    ("qwen35moe", dict(values={"qwen35moe.expert_shared_feed_forward_length": 32}),
+     "tensor 'blk.0.ffn_gate_shexp.weight' has shape [64, 48], qwen35moe expects [64, 32]"),
+    ("qwen35moe", dict(reshape="blk.2.ffn_gate_inp_shexp.weight"), "tensor 'blk.2.ffn_gate_inp_shexp.weight' has shape"),
+    ("qwen35moe", dict(reshape="blk.1.ffn_up_exps.weight"), "tensor 'blk.1.ffn_up_exps.weight' has shape"),
+    ("qwen3next", dict(drop_key="qwen3next.expert_shared_feed_forward_length"),
+     "GGUF metadata key 'qwen3next.expert_shared_feed_forward_length' is missing"),
+    ("qwen3next", dict(values={"qwen3next.ssm.group_count": 4}),
+     "tensor 'blk.0.attn_qkv.weight' has shape [64, 128], qwen3next expects [64, 192]"),
+    ("qwen3next", dict(reshape="blk.0.ssm_ba.weight"), "tensor 'blk.0.ssm_ba.weight' has shape"),
+])
+def test_inconsistent_hybrid_files_are_refused_at_load(tmp_path, arch, change, message):
+    bad = rewrite(paths(arch, "F32")[0], str(tmp_path / "bad.gguf"), **change)
+    with pytest.raises(ReflexError) as info:
+        reflex_engine.load(bad, device="cpu")
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+# -- the recurrent state in the engine ----------------------------------------------------------
+
+def _scores_one_by_one(model, prompt, candidates):
+    """log P(candidate | prompt) from plain causal passes over prompt + candidate."""
+    p = model.tokenize(prompt)
+    scores = []
+    for c in candidates:
+        ids = model.tokenize(c, add_bos=False)
+        logits = model.logits(p + ids).astype(np.float64)
+        logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+        scores.append(sum(logp[len(p) - 1 + j, t] for j, t in enumerate(ids)))
+    return scores
+
+
+def test_system1_scores_each_candidate_from_the_prompts_state(tmp_path):
+    model = reflex_engine.load(paths("qwen35", "Q8_0")[0], device="cpu")
+    prompt, candidates = "The engine reads the file", [" and then", " x", " it runs the forward pass"]
+    result = model.system1(prompt, candidates, export_kv=str(tmp_path / "p.kv"))
+    np.testing.assert_allclose([c.score for c in result.candidates], _scores_one_by_one(model, prompt, candidates),
+                               rtol=1e-4, atol=1e-4)
+    # the exported state is the prompt's, not the last candidate's
+    more = model.generate(" and", max_tokens=5, sampling=GREEDY, ignore_eos=True, import_kv=str(tmp_path / "p.kv"))
+    list(more)
+    whole = model.generate(model.tokenize(prompt) + model.tokenize(" and", add_bos=False), max_tokens=5,
+                           sampling=GREEDY, ignore_eos=True)
+    list(whole)
+    assert more.cached_tokens == len(model.tokenize(prompt)) and more.tokens == whole.tokens
+
+
+def test_passes_of_a_few_tokens_continue_the_state():
+    model = reflex_engine.load(paths("qwen35", "F32")[0], device="cpu")
+    ids, _ = _golden("qwen35", 5)  # 100 tokens
+    whole = model.logits(ids)
+    s1_whole = model.system1(ids[:40], [" a b c d e f g", " hello there", " x"])
+    gen_whole = model.generate(ids[:30], max_tokens=12, sampling=GREEDY, ignore_eos=True)
+    list(gen_whole)
+    model.ops.max_batch = 5
+    assert np.abs(model.logits(ids) - whole).max() <= TOLERANCE["cpu"] * np.ptp(whole)
+    s1_split = model.system1(ids[:40], [" a b c d e f g", " hello there", " x"])
+    np.testing.assert_allclose([c.score for c in s1_split.candidates], [c.score for c in s1_whole.candidates], rtol=1e-4, atol=1e-4)
+    gen_split = model.generate(ids[:30], max_tokens=12, sampling=GREEDY, ignore_eos=True)
+    list(gen_split)
+    assert gen_split.tokens == gen_whole.tokens
+
+
+def test_kv_state_files_carry_the_recurrent_state(tmp_path):
+    model = reflex_engine.load(paths("qwen35", "Q8_0")[0], device="cpu", n_ctx=64)
+    cfg, path = model.config, str(tmp_path / "s.kv")
+    whole = model.generate("Hello there", max_tokens=7, sampling=GREEDY, ignore_eos=True)
+    list(whole)
+    first = model.generate("Hello there", max_tokens=4, sampling=GREEDY, ignore_eos=True, export_kv=path)
+    list(first)
+    state = kvstate.read_header(path, fingerprint=model.state_fingerprint, architecture="qwen35", config=cfg)
+    n = len(state.tokens)
+    assert [(name, shape) for name, _, shape, _ in state.arrays] == \
+        [(f"blk.{i}.{kind}", shape) for i in (0, 1, 2) for kind, shape in (("conv", (3, 128)), ("ssm", (4, 16, 16)))] \
+        + [("blk.3.k", (n, 64)), ("blk.3.v", (n, 64))]
+    rest = model.generate("", max_tokens=3, sampling=GREEDY, ignore_eos=True, import_kv=path)
+    list(rest)
+    assert rest.cached_tokens == n and first.tokens + rest.tokens == whole.tokens
+
+
+def test_a_baked_prompt_serves_only_prompts_that_continue_past_it(tmp_path):
+    model = reflex_engine.load(paths("qwen35", "F32")[0], device="cpu")
+    baked = model.bake_prompt("The engine reads the file", str(tmp_path / "b.kv"))
+    state = model._read_state(str(tmp_path / "b.kv"))
+    longer = baked + model.tokenize(" and then", add_bos=False)
+    assert kvstate.prefix(state, longer, whole=True).cached == len(baked)
+    assert kvstate.prefix(state, baked, whole=True).cached == 0  # nothing new: the last token cannot be taken back
+    assert kvstate.prefix(state, baked[:-1] + [baked[-1] ^ 1] + longer[len(baked):], whole=True).cached == 0
+    assert kvstate.prefix(state, baked, whole=False).cached == len(baked) - 1  # attention caches can
+
+
+def test_the_recurrent_state_does_not_grow_with_the_context():
+    small = reflex_engine.load(paths("qwen35", "Q4_0")[0], device="cpu", n_ctx=64).cache
+    large = reflex_engine.load(paths("qwen35", "Q4_0")[0], device="cpu", n_ctx=4096).cache
+    assert [a.shape for a in small.ssm.values()] == [a.shape for a in large.ssm.values()] == [(4, 16, 16)] * 3
+    assert [a.shape for a in small.conv.values()] == [a.shape for a in large.conv.values()] == [(3, 128)] * 3
+    assert [k is None for k in large.k] == [True, True, True, False] and large.k[3].shape == (4096, 64)
+
+
+def test_the_cli_runs_generate_system1_and_check(tmp_path):
+    model_path, golden_path = paths("qwen35", "Q4_0")
+    gen = run_cli("generate", model_path, "Hello", "--chat", "--temp", "0", "-n", "5", "--export-kv", str(tmp_path / "a.kv"))
+    assert gen.returncode == 0 and gen.stdout.rstrip().split("\n")[-1].startswith("REFLEX_GENERATE_OK "), gen.stderr
+    more = run_cli("generate", model_path, "--import-kv", str(tmp_path / "a.kv"), "--temp", "0", "-n", "2")
+    assert more.returncode == 0, more.stderr
+    s1 = run_cli("system1", model_path, "Hello", "--candidate", "a", "--candidate", "bc")
+    assert s1.returncode == 0 and s1.stdout.rstrip().split("\n")[-1].startswith("REFLEX_SYSTEM1_OK"), s1.stderr
+    check = run_cli("check", model_path, "--reference", golden_path)
+    assert check.returncode == 0 and check.stdout.rstrip().split("\n")[-1].startswith("REFLEX_CHECK_OK"), check.stdout
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
+def test_cuda_refuses_the_hybrids_in_one_line_and_auto_takes_the_cpu(fake, capsys, arch):
+    fake()
+    model_path = paths(arch, "Q8_0")[0]
+    code, err = run(capsys, "generate", model_path, "hi", "--device", "cuda", "-n", "1")
+    assert code == 1 and err == [f"reflex: error: {arch} runs on the CPU backend for now: use --device cpu"]
+    assert reflex_engine.load(model_path, device="auto").ops.name == "cpu"
+
+
+def test_the_hybrid_architecture_code_imports_no_numpy():
+    import subprocess
+    import sys
+
+    code = "import sys, reflex_engine.arch.qwen35, reflex_engine.arch.qwen35moe, reflex_engine.arch.qwen3next, reflex_engine.engine; sys.exit('numpy' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_bench_counts_kv_bytes_of_the_attention_layers_only():
+    from reflex_engine.bench import kv_bytes_per_token
+
+    model = reflex_engine.load(paths("qwen35", "Q4_0")[0], device="cpu", n_ctx=64)
+    assert kv_bytes_per_token(model) == 2 * 64 * 4 == sum(a.nbytes for a in model.cache.k + model.cache.v if a is not None) // 64

@@ -167,8 +167,19 @@ class ArchSpec:
     # Reference for each file: "gguf" = transformers on the GGUF alone (config and weights from the file);
     # "checkpoint" = the HF checkpoint (its config) with the file's dequantized weights loaded into it.
     reference: str = "gguf"
+    converter_args: tuple[str, ...] = ()  # extra convert_hf_to_gguf.py flags
+    # how far the F32 file's reference may be from the checkpoint built in memory: transformers'
+    # grouped_mm experts give a model reloaded from disk float32-different logits for the same
+    # weights (2.6e-6 measured on a one-token qwen35moe prompt)
+    f32_tolerance: float = 1e-6
 
 
+HYBRID_CONFIG = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16,
+                     linear_num_key_heads=2, linear_num_value_heads=4, linear_conv_kernel_dim=4)
+# 3 layers, attention last: the file's recurrent_layers, not full_attention_interval (4), says so
+HYBRID_MOE = dict(num_hidden_layers=3, layer_types=["linear_attention", "linear_attention", "full_attention"],
+                  num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
 LLAMA_TOKENIZER = dict(pre="llama-bpe", regex=LLAMA3_REGEX, ignore_merges=True, bos_token="<|begin_of_text|>",
                        add_bos=True)
 ARCHS = {
@@ -232,6 +243,26 @@ ARCHS = {
                                                            mscale=0.707, mscale_all_dim=0.707, beta_fast=32.0,
                                                            beta_slow=1.0, rope_theta=10000.0)),
                           types=("F32", "Q8_0"), long_prompts=(100,), reference="deepseek"),
+    # The hybrids (Gated DeltaNet + gated attention), 4 layers of which the 4th is full attention
+    # (4 heads / 2 KV heads of 32, partial RoPE: 8 of 32 dims), the others Gated DeltaNet with 2
+    # key heads and 4 value heads of 16 (r = 2: the value-to-key head mapping matters). --no-mtp:
+    # the tiny checkpoints have no MTP layer. transformers has no GGUF loader for them: the
+    # reference is the checkpoint with each file's weights mapped back (hybrid_state_dict).
+    # qwen35: dense FFN 64, tied embeddings, a 100-token prompt (two chunks of the delta rule).
+    "qwen35": ArchSpec("qwen35", "qwen3_5", "qwen2", QWEN2_REGEX, False, None, False,
+                       config=dict(HYBRID_CONFIG, tie_word_embeddings=True), types=("F32", "Q8_0", "Q4_0"),
+                       long_prompts=(100,), reference="hybrid", converter_args=("--no-mtp",)),
+    # qwen35moe / qwen3next: 3 layers, 4 experts of width 32, 2 per token, and a shared expert of
+    # width 48 behind its sigmoid gate; qwen3next (tied embeddings) keeps HF's grouped value heads
+    # and one ssm_ba projection.
+    "qwen35moe": ArchSpec("qwen35moe", "qwen3_5_moe", "qwen2", QWEN2_REGEX, False, None, False,
+                          config=dict(HYBRID_CONFIG, **HYBRID_MOE, tie_word_embeddings=False), types=("F32", "Q8_0"),
+                          reference="hybrid",
+                          converter_args=("--no-mtp",), f32_tolerance=1e-5),
+    "qwen3next": ArchSpec("qwen3next", "qwen3_next", "qwen2", QWEN2_REGEX, False, None, False,
+                          config=dict(HYBRID_CONFIG, **HYBRID_MOE, norm_topk_prob=True, tie_word_embeddings=True),
+                          types=("F32", "Q8_0"),
+                          reference="hybrid", converter_args=("--no-mtp",), f32_tolerance=1e-5),
 }
 
 
@@ -411,14 +442,18 @@ def build_model(spec: ArchSpec, ckpt: Path, seed: int):
     """Random tiny model with O(1) logits and non-trivial norm weights; saved next to the tokenizer."""
     import torch
     from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
-                              LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
-                              Qwen3MoeForCausalLM)
+                              LlamaConfig, LlamaForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM,
+                              Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                              Qwen3MoeForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)
 
     config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM),
                              "qwen3": (Qwen3Config, Qwen3ForCausalLM),
                              "qwen3moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
                              "deepseek_v2": (DeepseekV2Config, DeepseekV2ForCausalLM),
-                             "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM)}[spec.arch]
+                             "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM),
+                             "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM),
+                             "qwen3_5_moe": (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM),
+                             "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM)}[spec.arch]
     cfg = config_cls(**{**COMMON_CONFIG, **copy.deepcopy(spec.config)})  # the config may edit its dicts
     torch.manual_seed(seed)
     model = model_cls(cfg).float().eval()
@@ -426,6 +461,8 @@ def build_model(spec: ArchSpec, ckpt: Path, seed: int):
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):  # RMSNorm weights: random around 1 so they are exercised
                 p.copy_(1.0 + 0.25 * torch.randn_like(p))
+            if name.endswith("dt_bias"):  # Gated DeltaNet's, ones at init: per head, so the head order shows
+                p.copy_(torch.randn_like(p))
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's selection bias, zeros at init
                 b.copy_(0.05 * (2 * torch.rand_like(b) - 1))
@@ -459,7 +496,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def convert(llama_cpp: Path, ckpt: Path, spec: ArchSpec, outtype: str, outfile: Path, logdir: Path) -> None:
     cmd = [sys.executable, "-c", CONVERTER_WRAPPER, str(llama_cpp), spec.pre, str(ckpt),
-           "--outtype", outtype, "--outfile", str(outfile), "--model-name", f"reflex-tiny-{spec.name}"]
+           "--outtype", outtype, "--outfile", str(outfile), "--model-name", f"reflex-tiny-{spec.name}", *spec.converter_args]
     run_logged(cmd, logdir / f"convert-{spec.name}-{outtype}.log")
 
 
@@ -485,9 +522,9 @@ def requantize(src: Path, dst: Path, type_name: str, quantizer: GgmlQuantizer) -
     for t in reader.tensors:
         data = np.asarray(t.data)
         assert t.tensor_type == gguf.GGMLQuantizationType.F32
-        # matrices and stacked experts (3-D, quantized row by row); the MoE router stays F32 as
-        # llama-quantize leaves it
-        if data.ndim >= 2 and not t.name.endswith("ffn_gate_inp.weight"):
+        # matrices and stacked experts (3-D, quantized row by row); the MoE router and the
+        # Gated DeltaNet conv (rows of 4) stay F32 as llama-quantize leaves them
+        if data.ndim >= 2 and not t.name.endswith("ffn_gate_inp.weight") and "ssm_conv1d" not in t.name:
             assert data.shape[-1] % block_size == 0, (t.name, data.shape)
             rows = data.reshape(-1, data.shape[-1])
             blocks = quantizer.quantize(rows, qtype)
@@ -591,13 +628,88 @@ def deepseek_state_dict(path: Path, config) -> dict:
     return {k: torch.from_numpy(np.array(v)) for k, v in sd.items()}
 
 
-def load_checkpoint_with_deepseek_weights(ckpt: Path, path: Path):
-    """The HF checkpoint (its own config) with every weight replaced by the deepseek2 GGUF's."""
+def hybrid_state_dict(path: Path, config) -> dict:
+    """A qwen35 / qwen35moe / qwen3next GGUF's weights (gguf-py dequantization) under the names and
+    layouts of transformers' Qwen3_5 / Qwen3_5Moe / Qwen3Next models: the converter's steps undone
+    (1 taken off the norm weights but the gated one's, A_log = log(-ssm_a), the conv's middle axis,
+    qwen35's tiled value heads back to grouped order, qwen3next's qkvz fused per key head again)."""
+    import gguf
+    import torch
+
+    reader = gguf.GGUFReader(path)
+    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    t = {x.name: np.asarray(gguf.dequantize(x.data, x.tensor_type), np.float32).reshape([int(d) for d in reversed(x.shape)])
+         for x in reader.tensors}
+    used = set()
+
+    def take(name):
+        used.add(name)
+        return t[name]
+
+    h_k, h_v = config.linear_num_key_heads, config.linear_num_value_heads
+    dk, dv, r = config.linear_key_head_dim, config.linear_value_head_dim, h_v // h_k
+
+    def grouped(x, axis, width):  # the converter's _reorder_v_heads inverted: (r, h_k, width) -> (h_k, r, width)
+        if arch == "qwen3next":
+            return x
+        x = np.moveaxis(x, axis, 0)
+        x = x.reshape(r, h_k, width, *x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
+        return np.moveaxis(x, 0, axis)
+
+    sd = {"model.embed_tokens.weight": take("token_embd.weight"), "model.norm.weight": take("output_norm.weight") - 1}
+    if "output.weight" in t:
+        sd["lm_head.weight"] = take("output.weight")
+    for i in range(config.num_hidden_layers):
+        b, p = f"blk.{i}.", f"model.layers.{i}."
+        sd[p + "input_layernorm.weight"] = take(b + "attn_norm.weight") - 1
+        sd[p + "post_attention_layernorm.weight"] = take(b + "post_attention_norm.weight") - 1
+        if config.layer_types[i] == "full_attention":
+            for g, h in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"), ("attn_output", "o_proj")):
+                sd[p + f"self_attn.{h}.weight"] = take(b + g + ".weight")
+            sd[p + "self_attn.q_norm.weight"] = take(b + "attn_q_norm.weight") - 1
+            sd[p + "self_attn.k_norm.weight"] = take(b + "attn_k_norm.weight") - 1
+        else:
+            la, n_qk = p + "linear_attn.", 2 * h_k * dk
+            qkv, z = take(b + "attn_qkv.weight"), grouped(take(b + "attn_gate.weight"), 0, dv)
+            v = grouped(qkv[n_qk:], 0, dv)
+            conv = take(b + "ssm_conv1d.weight")  # (C, K)
+            sd[la + "conv1d.weight"] = np.concatenate([conv[:n_qk], grouped(conv[n_qk:], 0, dv)])[:, None, :]
+            sd[la + "A_log"] = np.log(-grouped(take(b + "ssm_a"), 0, 1))
+            sd[la + "dt_bias"] = grouped(take(b + "ssm_dt.bias"), 0, 1)
+            sd[la + "norm.weight"] = take(b + "ssm_norm.weight")
+            sd[la + "out_proj.weight"] = grouped(take(b + "ssm_out.weight"), 1, dv)
+            if arch == "qwen3next":  # per key head [q, k, v (r heads), z (r heads)]
+                q, k = qkv[: h_k * dk].reshape(h_k, dk, -1), qkv[h_k * dk : n_qk].reshape(h_k, dk, -1)
+                per_head = [q, k, v.reshape(h_k, r * dv, -1), z.reshape(h_k, r * dv, -1)]
+                sd[la + "in_proj_qkvz.weight"] = np.concatenate(per_head, axis=1).reshape(-1, qkv.shape[1])
+                sd[la + "in_proj_ba.weight"] = take(b + "ssm_ba.weight")
+            else:
+                sd[la + "in_proj_qkv.weight"] = np.concatenate([qkv[:n_qk], v])
+                sd[la + "in_proj_z.weight"] = z
+                sd[la + "in_proj_b.weight"] = grouped(take(b + "ssm_beta.weight"), 0, 1)
+                sd[la + "in_proj_a.weight"] = grouped(take(b + "ssm_alpha.weight"), 0, 1)
+        if b + "ffn_gate_exps.weight" in t:
+            sd[p + "mlp.gate.weight"] = take(b + "ffn_gate_inp.weight")
+            sd[p + "mlp.experts.gate_up_proj"] = np.concatenate([take(b + "ffn_gate_exps.weight"), take(b + "ffn_up_exps.weight")], axis=1)
+            sd[p + "mlp.experts.down_proj"] = take(b + "ffn_down_exps.weight")
+            for g in ("gate", "up", "down"):
+                sd[p + f"mlp.shared_expert.{g}_proj.weight"] = take(b + f"ffn_{g}_shexp.weight")
+            sd[p + "mlp.shared_expert_gate.weight"] = take(b + "ffn_gate_inp_shexp.weight")
+        else:
+            for g in ("gate", "up", "down"):
+                sd[p + f"mlp.{g}_proj.weight"] = take(b + f"ffn_{g}.weight")
+    assert used == set(t), f"{path.name}: tensors not mapped back: {sorted(set(t) - used)}"
+    return {k: torch.from_numpy(np.array(v, np.float32)) for k, v in sd.items()}
+
+
+def load_checkpoint_with_mapped_weights(ckpt: Path, path: Path, state_dict):
+    """The HF checkpoint (its own config) with every weight replaced by the GGUF's, as
+    state_dict(path, config) maps them back."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager").eval()
-    missing, unexpected = model.load_state_dict(deepseek_state_dict(path, model.config), strict=False)
+    missing, unexpected = model.load_state_dict(state_dict(path, model.config), strict=False)
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     assert not unexpected and set(missing) == tied, (path.name, missing, unexpected)
     return model
@@ -608,7 +720,9 @@ def load_reference(spec: ArchSpec, path: Path, ckpt: Path):
     if spec.reference == "gguf":
         return load_gguf_model(path)
     if spec.reference == "deepseek":
-        return load_checkpoint_with_deepseek_weights(ckpt, path)
+        return load_checkpoint_with_mapped_weights(ckpt, path, deepseek_state_dict)
+    if spec.reference == "hybrid":
+        return load_checkpoint_with_mapped_weights(ckpt, path, hybrid_state_dict)
     assert spec.reference == "checkpoint", spec.reference
     return load_checkpoint_with_gguf_weights(ckpt, path)
 
@@ -778,7 +892,7 @@ def make_arch(spec: ArchSpec, args, llama_cpp: Path, quantizer: GgmlQuantizer) -
         ref = prompt_logits(hf_model, p)
         max_diff = max(max_diff, float(np.abs(prompt_logits(models["F32"], p) - ref).max()))
         assert ref.max() - ref.min() > 1.0, f"{spec.name}: logits too flat ({ref.min()}..{ref.max()})"
-    assert max_diff <= 1e-6, f"{spec.name}: F32 GGUF differs from the HF checkpoint by {max_diff}"
+    assert max_diff <= spec.f32_tolerance, f"{spec.name}: F32 GGUF differs from the HF checkpoint by {max_diff}"
     print(f"F32 GGUF vs HF checkpoint: max |logit diff| = {max_diff:.3g}")
 
     # Greedy prompts, chosen per file: the first candidates whose continuation has a clear top-1 at
@@ -887,6 +1001,25 @@ F32, Q8_0. `deepseek2` (DeepseekV2ForCausalLM, V2-Lite-style): no q_lora (one `a
 loader, so the reference is the checkpoint with each file's weights mapped back by the tool
 (gguf-py dequantization; `kv_b_proj` rebuilt from `attn_k_b` and `attn_v_b`, experts restacked);
 for F32 that reproduces the checkpoint exactly.
+
+Variants `qwen35`, `qwen35moe` and `qwen3next` (the GGUF architectures of those names; tokenizer
+as `qwen3`): the Gated DeltaNet / gated attention hybrids (Qwen3_5ForCausalLM,
+Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM), converted with `--no-mtp`. Hidden 64, qwen35 4 layers:
+layers 0-2 Gated DeltaNet (2 key heads and 4 value heads of 16, conv kernel 4, random dt_bias),
+layer 3 gated full attention (4 heads / 2 KV heads of 32, q/k norms, RoPE on 8 of the 32 dims,
+sigmoid output gate). `qwen35`: dense FFN 64, tied embeddings, F32, Q8_0 and Q4_0 (the conv
+`ssm_conv1d` stays F32 as llama-quantize leaves it), a 100-token logits prompt (prompt_5: two
+chunks of the chunked delta rule). `qwen35moe` and `qwen3next`: 4 experts of width 32, 2 per
+token, renormalised, a shared expert of width 48 behind its sigmoid gate, 3 layers (2 Gated
+DeltaNet, then attention, as `attention.recurrent_layers` says); qwen3next's embeddings tied;
+F32 and Q8_0.
+The converter writes qwen35's value heads in tiled order (value head h reads key head h mod 2)
+and keeps qwen3next's grouped (h // 2), with one `ssm_ba` projection. transformers has no GGUF
+loader for these, so the reference is the checkpoint with each file's weights mapped back by the
+tool (hybrid_state_dict: 1 off the norm weights but `ssm_norm`, A_log = log(-ssm_a), value heads
+regrouped, qwen3next's in_proj_qkvz fused per key head again); for F32 every weight comes back
+bit for bit, the norms' 1 + w too (w itself within an ulp). This model's float32 logits are noisier than the others': both
+transformers and Reflex are 3e-7 to 2e-5 of the range from a float64 run of the checkpoint.
 
 Versions: torch {torch.__version__}, transformers {transformers.__version__}, tokenizers
 {tokenizers.__version__}, gguf (gguf-py) {gguf_version}, numpy {np.__version__}; llama.cpp {LLAMA_CPP_COMMIT}

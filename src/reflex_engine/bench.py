@@ -58,9 +58,9 @@ def decode_weight_bytes(model) -> int:
 
 def kv_bytes_per_token(model) -> int:
     """KV cache bytes a token takes: per layer its K and V rows, or MLA's one latent row of
-    kv_lora_rank + RoPE dims values."""
+    kv_lora_rank + RoPE dims values; recurrent layers (Gated DeltaNet) take none."""
     shape = model.config.cache_shape(1)
-    return shape.n_layers * (shape.k_width + (0 if shape.latent else shape.v_width)) * KV_ELEMENT_BYTES[model.device]
+    return len(shape.kv_layers) * (shape.k_width + (0 if shape.latent else shape.v_width)) * KV_ELEMENT_BYTES[model.device]
 
 
 def run_bench(model, runs: int = 5, decode_tokens: int = 64, prefill_tokens=PREFILL_TOKENS,
