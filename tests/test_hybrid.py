@@ -249,7 +249,8 @@ def _scores_one_by_one(model, prompt, candidates):
     for c in candidates:
         ids = model.tokenize(c, add_bos=False)
         logits = model.logits(p + ids).astype(np.float64)
-        logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+        top = logits.max(-1, keepdims=True)
+        logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
         scores.append(sum(logp[len(p) - 1 + j, t] for j, t in enumerate(ids)))
     return scores
 
@@ -346,7 +347,8 @@ def test_the_hybrid_architecture_code_imports_no_numpy():
     import subprocess
     import sys
 
-    code = "import sys, reflex_engine.arch.qwen35, reflex_engine.arch.qwen35moe, reflex_engine.arch.qwen3next, reflex_engine.engine; sys.exit('numpy' in sys.modules)"
+    modules = "reflex_engine.arch.qwen35, reflex_engine.arch.qwen35moe, reflex_engine.arch.qwen3next, reflex_engine.engine"
+    code = f"import sys, {modules}; sys.exit('numpy' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

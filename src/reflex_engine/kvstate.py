@@ -20,9 +20,9 @@ of every tensor's bytes, and its architecture), the tokens whose keys and values
 choice), the sampler's random state, and the cache as a list of named arrays with dtype and
 shape (`blk.{i}.k` (n, k_width), `blk.{i}.v` (n, v_width)). A latent (MLA) or recurrent cache
 is other names in the same list (`blk.{i}.conv`, `blk.{i}.ssm`: a recurrent layer's state after
-all n tokens, which serves only a request that continues after all of them). The header is written last, so a file cut short anywhere lacks
-it or fails its size check; the arrays carry no checksum (as GGUF weights carry none), since
-hashing them would cost more than a cold start saves.
+all n tokens, which serves only a request that continues after all of them). The header is
+written last, so a file cut short anywhere lacks it or fails its size check; the arrays carry no
+checksum (as GGUF weights carry none), since hashing them would cost more than a cold start saves.
 
 Standard library only: on the CUDA cold path the arrays go from the file mapping to the device.
 """
