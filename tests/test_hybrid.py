@@ -357,3 +357,44 @@ def test_bench_counts_kv_bytes_of_the_attention_layers_only():
 
     model = reflex_engine.load(paths("qwen35", "Q4_0")[0], device="cpu", n_ctx=64)
     assert kv_bytes_per_token(model) == 2 * 64 * 4 == sum(a.nbytes for a in model.cache.k + model.cache.v if a is not None) // 64
+
+
+def _legacy_qwen3next(src, dst):
+    """The qwen3next file as older converters wrote it: per recurrent layer one ssm_in holding, for
+    each key head, its q, k, v and z rows (llama.cpp's legacy path), instead of attn_qkv and attn_gate."""
+    from gguf import GGUFReader, GGUFWriter
+
+    reader = GGUFReader(src)
+    writer = GGUFWriter(dst, "qwen3next")
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            if field.types[0] == 9:
+                writer.add_array(key, field.contents())
+            else:
+                writer.add_key_value(key, field.contents(), field.types[0])
+    tensors = {t.name: np.array(t.data) for t in reader.tensors}  # numpy (out, in)
+    h_k, dk = 2, 16  # key heads and their width
+    for name, data in tensors.items():
+        if name.endswith("attn_gate.weight"):
+            continue
+        if name.endswith("attn_qkv.weight"):
+            z = tensors[name.replace("attn_qkv", "attn_gate")]
+            q, k, v = data[: h_k * dk], data[h_k * dk : 2 * h_k * dk], data[2 * h_k * dk :]
+            parts = [x.reshape(h_k, -1, x.shape[1]) for x in (q, k, v, z)]
+            name, data = name.replace("attn_qkv", "ssm_in"), np.concatenate(parts, axis=1).reshape(-1, data.shape[1])
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def test_a_legacy_qwen3next_file_with_a_fused_ssm_in_gives_the_same_logits(tmp_path):
+    legacy = _legacy_qwen3next(paths("qwen3next", "F32")[0], str(tmp_path / "legacy.gguf"))
+    model = reflex_engine.load(legacy, device="cpu")
+    assert model.weights.blk[0].attn_qkv is None and model.weights.blk[0].ssm_in.shape == (192, 64)
+    ids, expected = _golden("qwen3next")
+    assert np.abs(model.logits(ids) - expected).max() <= TOLERANCE["cpu"] * np.ptp(expected)
+    with pytest.raises(ReflexError, match="lacks tensor 'blk.0.attn_qkv.weight'"):
+        reflex_engine.load(rewrite(legacy, str(tmp_path / "none.gguf"), drop="blk.0.ssm_in.weight"), device="cpu")

@@ -72,6 +72,10 @@ class ArchConfig(NamedTuple):
         return 2 * self.ssm_k_width + self.ssm_v_width
 
     @property
+    def ssm_qkvz_width(self) -> int:  # a legacy fused ssm_in: q, k, v and z
+        return self.ssm_channels + self.ssm_v_width
+
+    @property
     def attn_scale(self) -> float:
         return self.scale or self.head_dim**-0.5
 

@@ -24,7 +24,7 @@ def _recurrent(cfg, i):
     return cfg.is_recurrent(i)
 
 
-LAYER_TENSORS = [
+ATTENTION_TENSORS = [
     TensorDecl("attn_norm", ("n_embd",)),
     TensorDecl("attn_q", ("n_embd", "2*n_heads*head_dim"), when=_attention),  # per head: d query rows, d gate rows
     TensorDecl("attn_k", ("n_embd", "n_kv_heads*head_dim"), when=_attention),
@@ -32,14 +32,22 @@ LAYER_TENSORS = [
     TensorDecl("attn_q_norm", ("head_dim",), when=_attention),
     TensorDecl("attn_k_norm", ("head_dim",), when=_attention),
     TensorDecl("attn_output", ("n_heads*v_head_dim", "n_embd"), when=_attention),
-    TensorDecl("attn_qkv", ("n_embd", "ssm_channels"), when=_recurrent),  # [q; k; v], every head's
-    TensorDecl("attn_gate", ("n_embd", "ssm_v_width"), when=_recurrent),  # z
+]
+DELTA_NET_TENSORS = [  # after the input projections and the gates' (below)
     TensorDecl("ssm_conv1d", ("ssm_conv_kernel", "ssm_channels"), when=_recurrent),
     TensorDecl("ssm_dt", ("ssm_v_heads",), suffix="bias", when=_recurrent),
     TensorDecl("ssm_a", ("ssm_v_heads",), suffix="", when=_recurrent),  # -exp(A_log)
     TensorDecl("ssm_norm", ("ssm_v_dim",), when=_recurrent),
     TensorDecl("ssm_out", ("ssm_v_width", "n_embd"), when=_recurrent),
-    TensorDecl("post_attention_norm", ("n_embd",)),  # before the FFN
+]
+SPLIT_INPUT_TENSORS = [  # qwen35, qwen35moe
+    TensorDecl("attn_qkv", ("n_embd", "ssm_channels"), when=_recurrent),  # [q; k; v], every head's
+    TensorDecl("attn_gate", ("n_embd", "ssm_v_width"), when=_recurrent),  # z
+]
+FUSED_OR_SPLIT_INPUT_TENSORS = [  # qwen3next: either the split form, or a legacy file's ssm_in
+    TensorDecl("attn_qkv", ("n_embd", "ssm_channels"), when=_recurrent, unless="ssm_in"),
+    TensorDecl("attn_gate", ("n_embd", "ssm_v_width"), when=_recurrent, unless="ssm_in"),
+    TensorDecl("ssm_in", ("n_embd", "ssm_qkvz_width"), optional=True, when=_recurrent),  # per key head [q, k, v, z]
 ]
 SPLIT_GATE_TENSORS = [  # qwen35, qwen35moe: beta and alpha from projections of their own
     TensorDecl("ssm_beta", ("n_embd", "ssm_v_heads"), when=_recurrent),
@@ -65,6 +73,11 @@ MOE_FFN_TENSORS = [
 ]
 
 
+def layer_tensors(inputs: list[TensorDecl], gates: list[TensorDecl], ffn: list[TensorDecl]) -> list[TensorDecl]:
+    """A layer's declarations, in the order a pass reads them."""
+    return ATTENTION_TENSORS + inputs + gates + DELTA_NET_TENSORS + [TensorDecl("post_attention_norm", ("n_embd",))] + ffn
+
+
 def split_gate_inputs(ops, lw, cfg: ArchConfig, x):
     return linear(ops, x, lw.ssm_alpha), linear(ops, x, lw.ssm_beta)  # (T, H_v) each
 
@@ -75,15 +88,25 @@ def grouped_gate_inputs(ops, lw, cfg: ArchConfig, x):
     return alpha, beta
 
 
+def qkv_and_z(ops, lw, cfg: ArchConfig, x):
+    """[q; k; v] of every head (T, C) and z (T, H_v*d_v), from the split projections or from a
+    legacy qwen3next file's ssm_in, which holds q, k, v and z of each key head in turn."""
+    if lw.attn_qkv is not None:
+        return linear(ops, x, lw.attn_qkv), linear(ops, x, lw.attn_gate)
+    width = cfg.ssm_v_width // cfg.ssm_k_heads  # the value heads of one key head
+    q, k, v, z = ops.split(linear(ops, x, lw.ssm_in), cfg.ssm_k_heads, (cfg.ssm_k_dim, cfg.ssm_k_dim, width, width))
+    return ops.concat([q, k, v], 1), z
+
+
 def gated_delta_net(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x, gate_inputs):
-    qkv = ops.causal_conv1d(linear(ops, x, lw.attn_qkv), lw.ssm_conv1d, cache=cache, layer=layer, batch=batch)  # (T, C)
+    mixed, z = qkv_and_z(ops, lw, cfg, x)
+    qkv = ops.causal_conv1d(mixed, lw.ssm_conv1d, cache=cache, layer=layer, batch=batch)  # (T, C)
     q, k, v = ops.split(qkv, 1, (cfg.ssm_k_width, cfg.ssm_k_width, cfg.ssm_v_width))
     alpha, beta = gate_inputs(ops, lw, cfg, x)
     g, beta = ops.gdn_gates(alpha, beta, dt_bias=lw.ssm_dt, ssm_a=lw.ssm_a)  # log-decay <= 0, write strength
     q, k = ops.l2_norm(q, cfg.ssm_k_dim, cfg.rms_eps), ops.l2_norm(k, cfg.ssm_k_dim, cfg.rms_eps)
     o = ops.delta_rule(q, k, v, g, beta, cache=cache, layer=layer, batch=batch, tiled=cfg.ssm_tiled,
                        scale=cfg.ssm_k_dim**-0.5)  # (T, H_v*d_v)
-    z = linear(ops, x, lw.attn_gate)
     return linear(ops, ops.swiglu(z, ops.rms_norm(o, lw.ssm_norm, cfg.rms_eps)), lw.ssm_out)  # norm(o) * silu(z)
 
 

@@ -13,7 +13,7 @@ from .config import read_config, read_ssm
 ARCH = "qwen35"
 BACKENDS = ("cpu",)
 TENSORS = MODEL_TENSORS
-LAYER_TENSORS = hybrid.LAYER_TENSORS + hybrid.SPLIT_GATE_TENSORS + hybrid.DENSE_FFN_TENSORS
+LAYER_TENSORS = hybrid.layer_tensors(hybrid.SPLIT_INPUT_TENSORS, hybrid.SPLIT_GATE_TENSORS, hybrid.DENSE_FFN_TENSORS)
 
 
 def forward(ops, w, cfg, cache, batch, out_rows):

@@ -12,7 +12,7 @@ from .config import Meta, read_config, read_moe, read_ssm
 ARCH = "qwen35moe"
 BACKENDS = ("cpu",)
 TENSORS = MODEL_TENSORS
-LAYER_TENSORS = hybrid.LAYER_TENSORS + hybrid.SPLIT_GATE_TENSORS + hybrid.MOE_FFN_TENSORS
+LAYER_TENSORS = hybrid.layer_tensors(hybrid.SPLIT_INPUT_TENSORS, hybrid.SPLIT_GATE_TENSORS, hybrid.MOE_FFN_TENSORS)
 
 
 def forward(ops, w, cfg, cache, batch, out_rows):

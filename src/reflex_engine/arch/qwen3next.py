@@ -3,8 +3,9 @@ llama.cpp's src/models/qwen3next.cpp: the hybrid of hybrid.py with qwen35moe's F
 
 Diff with qwen35moe: beta and alpha come from one projection, ssm_ba, grouped per key head as
 [beta (r), alpha (r)] (value head g*r + j); value heads stay in HF's grouped order, so value
-head h reads key head h // r; RoPE is plain NEOX on n_rot dims. The legacy fused `ssm_in`
-(q, k, v and z grouped per key head in one projection) is not read yet.
+head h reads key head h // r; RoPE is plain NEOX on n_rot dims. Legacy files hold q, k, v and z
+in one projection, ssm_in, grouped per key head, instead of attn_qkv and attn_gate: both forms
+are read (hybrid.qkv_and_z).
 """
 from ..ops import RopeMode
 from . import hybrid
@@ -14,7 +15,7 @@ from .config import Meta, read_config, read_moe, read_ssm
 ARCH = "qwen3next"
 BACKENDS = ("cpu",)
 TENSORS = MODEL_TENSORS
-LAYER_TENSORS = hybrid.LAYER_TENSORS + hybrid.GROUPED_GATE_TENSORS + hybrid.MOE_FFN_TENSORS
+LAYER_TENSORS = hybrid.layer_tensors(hybrid.FUSED_OR_SPLIT_INPUT_TENSORS, hybrid.GROUPED_GATE_TENSORS, hybrid.MOE_FFN_TENSORS)
 
 
 def forward(ops, w, cfg, cache, batch, out_rows):

@@ -20,6 +20,7 @@ class TensorDecl(NamedTuple):
     optional: bool = False
     suffix: str = "weight"  # DeepSeek-V3's `exp_probs_b.bias`; "": none (qwen35's `ssm_a`)
     when: Callable[[ArchConfig, int], bool] | None = None  # the layers (cfg, i) that have it; None: all
+    unless: str | None = None  # not needed where the layer has this tensor instead (a legacy fused form)
 
 
 def _extent(expr: str, cfg: ArchConfig) -> int:
@@ -41,7 +42,7 @@ def plan_weights(f: GGUFFile, cfg: ArchConfig, model: list[TensorDecl], layer: l
         full = f"{name}.{decl.suffix}" if decl.suffix else name
         info = f.tensors.get(full)
         if info is None:
-            if decl.optional:
+            if decl.optional or (decl.unless and f"{name[: -len(decl.name)]}{decl.unless}.weight" in f.tensors):
                 return None
             raise ReflexError(f"{f.path}: model file lacks tensor {full!r} ({cfg.arch})")
         expected = tuple(_extent(e, cfg) for e in decl.shape)
