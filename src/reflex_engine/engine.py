@@ -267,7 +267,7 @@ class Model:
 
     def generate(self, prompt: Prompt, max_tokens: int = 128, sampling=None, stop: Sequence[str] = (),
                  ignore_eos: bool = False, logprobs: bool = False, top_logprobs: int = 0,
-                 import_kv: str | None = None, export_kv: str | None = None) -> Generation:
+                 import_kv: str | None = None, export_kv: str | None = None, constraint=None) -> Generation:
         """Stream the continuation of `prompt` (text, token ids or chat messages) as TokenEvents.
 
         logprobs: each event carries log P(token) under the model's own distribution, the
@@ -282,6 +282,11 @@ class Model:
         export_kv: once the generation has been iterated to its end, write the state there
         (kvstate.py). Without import_kv, a prompt that starts with the model's baked prompt
         (`reflex prepare --system-prompt`) takes that prompt's cache instead of evaluating it.
+
+        constraint: a constraints.Constraint (json_schema, json_object, regex, grammar) the output
+        must match: every token, greedy or sampled, is chosen among those its mask allows, an
+        end-of-generation token only where the grammar may end, and the generation ends when the
+        grammar is complete (finish_reason "eos"). CPU backend only for now.
         """
         from .sampling import SamplingParams
 
@@ -297,6 +302,7 @@ class Model:
         if any(not s for s in stop):
             raise ReflexError("a stop string must not be empty")
         self._check_export(export_kv)
+        guide = self._guide(constraint, ignore_eos)
         sampler = self.ops.new_sampler(sampling or SamplingParams())
         if import_kv is not None:
             sampler.restore(start.state.sampler)
@@ -306,10 +312,22 @@ class Model:
         gen = Generation(len(ids), timings.phases)
         gen.cached_tokens = start.cached
         n_top = top_logprobs if logprobs or top_logprobs else None
-        gen._events = self._generate(gen, timings, ids, start.cached, max_tokens, sampler, tuple(stop), eog, n_top)
+        gen._events = self._generate(gen, timings, ids, start.cached, max_tokens, sampler, tuple(stop), eog, n_top, guide)
         if export_kv is not None:
             gen._events = self._exporting(gen._events, gen, timings, sampler, export_kv)
         return gen
+
+    def _guide(self, constraint, ignore_eos: bool):
+        """The constraint compiled for this vocabulary (None without one), refused where it cannot run."""
+        if constraint is None:
+            return None
+        if self.device != "cpu":
+            raise ReflexError("constraints run on the CPU backend for now: use --device cpu")
+        if ignore_eos:
+            raise ReflexError("ignore_eos and a constraint exclude each other: the grammar decides where the output ends")
+        from .constraints import start
+
+        return start(constraint, self.tokenizer)
 
     def _note_upload(self, timings: Timings) -> None:
         """The weights' copy ran beside the first pass; its time goes on the result line once it
@@ -318,13 +336,15 @@ class Model:
         if ms is not None and self.uploaded:
             timings.phases.update(upload_ms=ms, upload_gb_per_s=self.uploaded / 1e6 / max(ms, 1e-3))
 
-    def _choose(self, logits, history: list[int], sampler, n_top: int | None) -> tuple[int, tuple]:
-        """The next token from logits (1, V), and the TokenEvent fields that score it: none without
-        n_top, else its log-probability and the n_top likeliest tokens (None for 0)."""
+    def _choose(self, logits, history: list[int], sampler, n_top: int | None, guide=None) -> tuple[int, tuple]:
+        """The next token from logits (1, V), among those the guide (a constraint) allows, and the
+        TokenEvent fields that score it: none without n_top, else its log-probability and the n_top
+        likeliest tokens (None for 0)."""
+        choose = sampler if guide is None else lambda rows, seen: sampler(rows, seen, mask=guide.mask())
         if n_top is None:
-            return sampler(logits, history), ()  # reading the choice waits for the device
+            return choose(logits, history), ()  # reading the choice waits for the device
         raw = self.ops.take_rows(logits, [0])  # the model's own logits: the sampler may penalize in place
-        token = sampler(logits, history)
+        token = choose(logits, history)
         logprob = self.ops.token_logprobs(raw, [(0, token)])[0]
         if not n_top:
             return token, (logprob, None)
@@ -332,11 +352,11 @@ class Model:
         return token, (logprob, [TokenLogprob(t, self._token_text(t), lp) for t, lp in top])
 
     def _generate(self, gen: Generation, timings: Timings, ids: list[int], cached: int, max_tokens: int, sampler,
-                  stop: tuple[str, ...], eog, n_top: int | None):
+                  stop: tuple[str, ...], eog, n_top: int | None, guide=None):
         capacity = self.n_ctx if max_tokens == -1 else min(self.n_ctx, len(ids) + max_tokens)
         history, n_past = list(ids), len(ids)
         with timings.phase("prompt_eval"):
-            token, scored = self._choose(self._next_logits(Batch.causal(ids[cached:], cached)), history, sampler, n_top)
+            token, scored = self._choose(self._next_logits(Batch.causal(ids[cached:], cached)), history, sampler, n_top, guide)
         timings.mark("first_token")
         stream, text, emitted = self.tokenizer.stream(), "", 0
         decode_start = time.perf_counter()
@@ -346,6 +366,8 @@ class Model:
                 break
             gen.tokens.append(token)
             history.append(token)
+            if guide is not None:
+                guide.advance(token)
             text += stream.feed(token)
             cut = _find_stop(text, stop, emitted)
             if cut is not None:
@@ -359,11 +381,14 @@ class Model:
             if gen._cancelled:
                 gen.finish_reason = "cancelled"
                 break
+            if guide is not None and guide.done:  # nothing but the end is allowed: no pass to choose it
+                gen.finish_reason = "eos"
+                break
             if len(gen.tokens) == max_tokens or n_past == capacity:
                 gen.finish_reason = "length"
                 break
             # the logits go out of scope inside _choose: the next step's take the same device buffer
-            token, scored = self._choose(self._decode_step(Batch.causal([token], n_past)), history, sampler, n_top)
+            token, scored = self._choose(self._decode_step(Batch.causal([token], n_past)), history, sampler, n_top, guide)
             n_past += 1
         if gen.finish_reason != "stop":
             text += stream.flush()

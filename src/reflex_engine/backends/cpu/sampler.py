@@ -16,19 +16,28 @@ class Sampler:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
 
-    def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        ids, probs = self.distribution(logits, history)
+    def __call__(self, logits: np.ndarray, history: Sequence[int], mask=None) -> int:
+        ids, probs = self.distribution(logits, history, mask)
         return int(ids[0]) if self.params.temperature == 0 else int(ids[self.rng.choice(len(ids), p=probs)])
 
-    def distribution(self, logits: np.ndarray, history: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """The ids left after every filter and the probabilities to draw them with."""
+    def distribution(self, logits: np.ndarray, history: Sequence[int], mask=None) -> tuple[np.ndarray, np.ndarray]:
+        """The ids left after every filter and the probabilities to draw them with. mask: the
+        tokens allowed (constraints.Guide's packed bits, bit i of uint32 word j = token 32j + i)."""
         p = self.params
         logits = self._penalized(np.array(logits, dtype=np.float32), history)
         if np.isnan(logits).any() or np.isposinf(logits).any():  # no distribution to sample from
             raise ReflexError("the model's logits are not finite (NaN or +inf): its weights or its KV state are damaged")
+        if mask is not None:
+            # before every filter, as llama.cpp's grammar sampler: top-k and the rest see allowed tokens only
+            allowed = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")[: logits.size].astype(bool)
+            if not allowed.any():
+                raise ReflexError("internal error: the constraint allows no token")
+            logits[~allowed] = -np.inf
         if p.temperature == 0:
             return np.array([np.argmax(logits)]), np.ones(1)
         ids = np.argsort(-logits, kind="stable")
+        if mask is not None:
+            ids = ids[: int(allowed.sum())]  # the masked ones sort last: drop them
         if p.top_k:
             ids = ids[: p.top_k]
         kept = logits[ids]
@@ -60,8 +69,8 @@ class LastRowSampler(Sampler):
 
     RNG = "numpy.PCG64"
 
-    def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        return super().__call__(logits[-1], history)
+    def __call__(self, logits: np.ndarray, history: Sequence[int], mask=None) -> int:
+        return super().__call__(logits[-1], history, mask)
 
     def state(self) -> dict | None:
         return sampler_state(self.RNG, self.params.seed, self.rng.bit_generator.state)
