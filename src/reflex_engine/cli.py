@@ -168,14 +168,18 @@ def _result_line(tag: str, fields: dict) -> str:
 
 
 def cmd_generate(args) -> int:
+    from .backends import BackendStart
     from .sampling import SamplingParams
 
     sampling = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                               repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
                               repeat_last_n=args.repeat_last_n, seed=None if args.seed < 0 else args.seed)
+    constraint = _constraint(args)
+    if constraint is not None and args.device == "auto":  # the mask runs where the CPU samples (for now)
+        args.backend = BackendStart("cpu")
     model, ids = _open_and_encode(args, lambda file: None if args.max_tokens == -1 else args.max_tokens + _imported(args))
     gen = model.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop, ignore_eos=args.ignore_eos,
-                         import_kv=args.import_kv, export_kv=args.export_kv)
+                         import_kv=args.import_kv, export_kv=args.export_kv, constraint=constraint)
     for event in gen:
         if not args.json and event.text:
             sys.stdout.write(event.text)
@@ -189,6 +193,22 @@ def cmd_generate(args) -> int:
         print()
         print(_result_line("REFLEX_GENERATE_OK", summary))
     return 0
+
+
+def _constraint(args):
+    """--json-schema FILE, --json-object, --regex PATTERN or --grammar FILE (at most one), or None."""
+    given = [(kind, value) for kind, value in (("json_schema", args.json_schema), ("json_object", args.json_object or None),
+                                               ("regex", args.regex), ("grammar", args.grammar)) if value is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ReflexError("give at most one of --json-schema, --json-object, --regex and --grammar")
+    from .constraints import Constraint
+
+    kind, value = given[0]
+    if kind in ("json_schema", "grammar"):
+        value = _read_file(value)
+    return Constraint(kind, "" if kind == "json_object" else value)
 
 
 def cmd_system1(args) -> int:
@@ -349,6 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=-1, help="-1 = random")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
+    # constrained decoding (constraints.py): needs the structured extra, runs on the CPU backend for now
+    p.add_argument("--json-schema", metavar="FILE", help="the output is JSON valid under the JSON schema in FILE")
+    p.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    p.add_argument("--regex", metavar="PATTERN", help="the output matches PATTERN as a whole")
+    p.add_argument("--grammar", metavar="FILE", help="the output follows the grammar in FILE (Lark, as llguidance reads it, or GBNF)")
     p.set_defaults(run=cmd_generate)
 
     p = sub.add_parser("system1", help="score candidate answers in one forward pass")
