@@ -19,6 +19,7 @@ from collections import deque
 from typing import Callable
 
 from . import protocol
+from .constraints import ConstraintError
 from .errors import ContextExceeded, ReflexError
 from .timing import reported_phases
 
@@ -104,6 +105,8 @@ class Session:
             answer = protocol.encode(protocol.error(e.request_id, e.code, str(e), e.field))
         except ContextExceeded as e:
             answer = protocol.encode(protocol.error(request_id, "context_exceeded", str(e)))
+        except ConstraintError as e:
+            answer = protocol.encode(protocol.error(request_id, "invalid_constraint", str(e)))
         except ReflexError as e:
             if _is_device_error(e):
                 self.send(protocol.encode(protocol.error(request_id, "device_lost", str(e))))
@@ -126,7 +129,7 @@ class Session:
         stop = [args["stop"]] if isinstance(args.get("stop"), str) else args.get("stop", [])
         options = {k: args[k] for k in ("max_tokens", "ignore_eos", "logprobs", "top_logprobs", "import_kv", "export_kv")
                    if k in args}
-        gen = self.model.generate(_prompt(args), sampling=sampling, stop=stop, **options)
+        gen = self.model.generate(_prompt(args), sampling=sampling, stop=stop, constraint=_constraint(args), **options)
         stream, scored = args.get("stream", False), []
         for event in gen:
             if stream:
@@ -172,6 +175,19 @@ class Session:
 
 def _prompt(args: dict):
     return args["prompt"] if "prompt" in args else args["messages"]
+
+
+def _constraint(args: dict):
+    """The request's constraint field (protocol.parse let at most one through), or None."""
+    given = [name for name in protocol.CONSTRAINT_FIELDS if args.get(name, False) is not False]
+    if not given:
+        return None
+    from . import constraints
+
+    name = given[0]
+    if name == "json_schema":
+        return constraints.json_schema(args[name])
+    return constraints.Constraint(name, "" if name == "json_object" else args[name])
 
 
 def _result(request_id, op: str, **fields) -> dict:

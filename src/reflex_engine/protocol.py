@@ -16,7 +16,7 @@ OVERLONG = object()  # what the reader passes on in place of such a line
 
 # Every error line's code (docs/protocol.md says when each is used).
 ERROR_CODES = ("invalid_json", "invalid_request", "unknown_op", "unknown_field", "wrong_type",
-               "context_exceeded", "internal", "device_lost", "load_failed")
+               "context_exceeded", "internal", "device_lost", "load_failed", "invalid_constraint")
 
 RequestId = Any  # a string, an integer or None
 
@@ -59,17 +59,20 @@ MESSAGES = Kind("a list of message objects", _list_of(lambda m: isinstance(m, di
 STOP = Kind("a string or a list of strings", lambda v: _is_str(v) or _list_of(_is_str)(v))
 STRINGS = Kind("a list of strings", _list_of(_is_str))
 TOKEN_IDS = Kind("a list of token ids", _list_of(_is_int))
+OBJECT = Kind("an object", lambda v: isinstance(v, dict))
 
 # SamplingParams' fields, by the same names
 SAMPLING_FIELDS = {"temperature": NUMBER, "top_k": INTEGER, "top_p": NUMBER, "min_p": NUMBER, "repeat_penalty": NUMBER,
                    "presence_penalty": NUMBER, "repeat_last_n": INTEGER, "seed": SEED}
 _PROMPT_FIELDS = {"prompt": PROMPT, "messages": MESSAGES}  # exactly one of the two
 _STATE_FIELDS = {"import_kv": STRING, "export_kv": STRING}  # KV state files (kvstate.py), paths on the engine's machine
+# constrained decoding (constraints.py), at most one: the schema inline, a regex, a Lark or GBNF grammar's text
+CONSTRAINT_FIELDS = {"json_schema": OBJECT, "json_object": BOOLEAN, "regex": STRING, "grammar": STRING}
 
 # op -> the fields it accepts besides "op" and "id"
 FIELDS: dict[str, dict[str, Kind]] = {
     "generate": {**_PROMPT_FIELDS, **SAMPLING_FIELDS, "max_tokens": INTEGER, "stop": STOP, "ignore_eos": BOOLEAN,
-                 "logprobs": BOOLEAN, "top_logprobs": INTEGER, "stream": BOOLEAN, **_STATE_FIELDS},
+                 "logprobs": BOOLEAN, "top_logprobs": INTEGER, "stream": BOOLEAN, **_STATE_FIELDS, **CONSTRAINT_FIELDS},
     "system1": {**_PROMPT_FIELDS, "candidates": STRINGS, **_STATE_FIELDS},
     "tokenize": {"text": STRING, "add_bos": BOOLEAN, "parse_special": BOOLEAN},
     "detokenize": {"ids": TOKEN_IDS},
@@ -118,6 +121,8 @@ def parse(line) -> Request:
             raise refuse("invalid_request", f"{op} needs {name!r}", name)
     if "prompt" in fields and ("prompt" in args) == ("messages" in args):
         raise refuse("invalid_request", f'{op} needs either "prompt" or "messages"')
+    if sum(args.get(name, False) is not False for name in CONSTRAINT_FIELDS) > 1:  # "json_object": false is none
+        raise refuse("invalid_request", f"give at most one of {', '.join(CONSTRAINT_FIELDS)}")
     return Request(request_id, op, args)
 
 
