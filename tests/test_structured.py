@@ -1,0 +1,202 @@
+"""Constrained decoding on the CPU (constraints.py): 200 random JSON schemas decoded on a random
+tiny model, each output parsed and validated with jsonschema; regexes and grammars matched; the
+same requests without the constraint mostly invalid (so the mask is what makes them valid);
+bad constraints as one-line errors from the CLI and the IPC; nothing imported without one."""
+import json
+import random
+import re
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+
+import reflex_engine
+from reflex_engine import constraints
+from reflex_engine.errors import ReflexError
+from reflex_engine.sampling import SamplingParams
+
+from model_files import GOLDEN_QWEN3, run_cli
+
+pytest.importorskip("llguidance")
+
+MAX_TOKENS = 160  # the schemas below bound every string and array: their outputs end well before
+GREEDY, SEEDED = SamplingParams(temperature=0), SamplingParams(seed=15)
+FORMATS = ("date", "uuid", "ipv4")  # bounded, and checked by jsonschema's FormatChecker without extras
+
+
+@pytest.fixture(scope="module")
+def model():
+    return reflex_engine.load(GOLDEN_QWEN3, device="cpu")
+
+
+def random_schema(rng: random.Random, depth: int = 0) -> dict:
+    """A schema whose every instance is short: strings, arrays and objects bounded."""
+    kinds = ["string", "integer", "number", "boolean", "enum", "format"] + (["object", "array"] if depth < 2 else [])
+    kind = rng.choice(kinds)
+    if kind == "string":
+        return {"type": "string", "minLength": rng.randint(0, 2), "maxLength": rng.randint(2, 6)}
+    if kind == "integer":
+        low = rng.randint(-50, 50)
+        return {"type": "integer", "minimum": low, "maximum": low + rng.randint(0, 100)}
+    if kind == "number":
+        # a step: unbounded fraction digits are where a random model's greedy output never ends;
+        # a power of two, so jsonschema's float division checks it exactly
+        low = rng.uniform(-10, 10)
+        return {"type": "number", "minimum": round(low, 2), "maximum": round(low + rng.uniform(0.5, 20), 2),
+                "multipleOf": rng.choice([0.5, 0.25, 0.125])}
+    if kind == "boolean":
+        return {"type": "boolean"}
+    if kind == "enum":
+        return {"enum": rng.sample(["red", "green", "blue", 1, 2.5, None, True], rng.randint(1, 4))}
+    if kind == "format":
+        return {"type": "string", "format": rng.choice(FORMATS)}
+    if kind == "array":
+        return {"type": "array", "items": random_schema(rng, depth + 1), "minItems": rng.randint(0, 1), "maxItems": rng.randint(1, 3)}
+    names = rng.sample(["id", "name", "age", "tags", "kind", "score", "ok", "when"], rng.randint(1, 4))
+    return {"type": "object", "properties": {n: random_schema(rng, depth + 1) for n in names},
+            "required": rng.sample(names, rng.randint(0, len(names))), "additionalProperties": False}
+
+
+def schemas(n: int) -> list[dict]:
+    rng = random.Random(20261215)
+    out = []
+    while len(out) < n:
+        schema = random_schema(rng)
+        if schema.get("type") == "object":  # the issue's case: structured extraction into an object
+            out.append(schema)
+    return out
+
+
+def check(schema: dict, text: str) -> bool:
+    try:
+        instance = json.loads(text)
+    except ValueError:
+        return False
+    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).is_valid(instance)
+
+
+def test_200_random_schemas_every_output_parses_and_validates(model):
+    failures = []
+    for i, schema in enumerate(schemas(200)):
+        sampling = GREEDY if i % 2 else SamplingParams(seed=i)
+        gen = model.generate(f"record {i}:", max_tokens=MAX_TOKENS, sampling=sampling, constraint=constraints.json_schema(schema))
+        list(gen)
+        if gen.finish_reason != "eos" or not check(schema, gen.text):
+            failures.append((i, gen.finish_reason, gen.text, schema))
+    assert not failures, failures[:3]
+
+
+def test_without_the_constraint_the_same_requests_are_mostly_invalid(model):
+    # the test above could pass with the mask ignored only if the model wrote valid JSON by itself
+    sample = schemas(20)
+    valid = 0
+    for i, schema in enumerate(sample):
+        gen = model.generate(f"record {i}:", max_tokens=40, sampling=GREEDY if i % 2 else SamplingParams(seed=i))
+        list(gen)
+        valid += check(schema, gen.text)
+    assert valid <= 2
+
+
+@pytest.mark.parametrize("pattern", [r"[0-9]{3}-[a-z]{2,4}", r"(yes|no|maybe)", r"[A-Z][a-z]{1,5}( [A-Z][a-z]{1,5}){0,2}\.",
+                                     r"\d+(\.\d{1,2})?"])
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_regex_outputs_fullmatch(model, pattern, sampling):
+    gen = model.generate("say:", max_tokens=MAX_TOKENS, sampling=sampling, constraint=constraints.regex(pattern))
+    list(gen)
+    assert gen.finish_reason == "eos" and re.fullmatch(pattern, gen.text), gen.text
+    free = model.generate("say:", max_tokens=12, sampling=sampling)
+    list(free)
+    assert not re.fullmatch(pattern, free.text)
+
+
+@pytest.mark.parametrize("text", ['start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,3}/',  # Lark
+                                  'root ::= "(" num ("," num)* ")"\nnum ::= [0-9] [0-9]? [0-9]?'])  # GBNF
+def test_grammars_in_lark_and_gbnf(model, text):
+    for sampling in (GREEDY, SEEDED):
+        gen = model.generate("tuple:", max_tokens=MAX_TOKENS, sampling=sampling, constraint=constraints.grammar(text))
+        list(gen)
+        assert gen.finish_reason == "eos" and re.fullmatch(r"\(\d{1,3}(,\d{1,3})*\)", gen.text), gen.text
+
+
+def test_json_object_and_logprobs(model):
+    gen = model.generate("obj:", max_tokens=MAX_TOKENS, sampling=SEEDED, constraint=constraints.json_object(), logprobs=True)
+    events = [e for e in gen if e.id is not None]
+    assert all(e.logprob is not None for e in events)
+    if gen.finish_reason == "eos":  # an unbounded object may not close within max_tokens on a random model
+        assert isinstance(json.loads(gen.text), dict)
+    assert gen.text.startswith("{")
+
+
+@pytest.mark.parametrize("bad, message", [
+    (constraints.json_schema("{not json"), "invalid json schema"),
+    (constraints.json_schema({"type": "nonsense"}), "invalid json schema"),
+    (constraints.regex("(ab"), "invalid regex"),
+    (constraints.grammar("start: foo"), "invalid grammar"),
+    (constraints.Constraint("xml"), "unknown constraint kind"),
+])
+def test_bad_constraints_are_one_line_errors(model, bad, message):
+    with pytest.raises(constraints.ConstraintError, match=message) as e:
+        model.generate("x", constraint=bad)
+    assert "\n" not in str(e.value)
+
+
+def test_ignore_eos_with_a_constraint_is_refused(model):
+    with pytest.raises(ReflexError, match="ignore_eos"):
+        model.generate("x", constraint=constraints.json_object(), ignore_eos=True)
+
+
+def test_cli_constraints_and_their_errors(tmp_path):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["n"],
+              "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    done = run_cli("generate", GOLDEN_QWEN3, "hi", "--device", "cpu", "--json-schema", str(path), "--json", "--seed", "1")
+    assert done.returncode == 0, done.stderr
+    assert check(schema, json.loads(done.stdout)["text"])
+    done = run_cli("generate", GOLDEN_QWEN3, "hi", "--regex", "[ab]{3}", "--temp", "0", "--json")  # auto: the CPU
+    assert done.returncode == 0 and re.fullmatch("[ab]{3}", json.loads(done.stdout)["text"]), done.stderr
+    (tmp_path / "bad.json").write_text('{"type": ')
+    for args, message in [(["--json-schema", str(tmp_path / "bad.json")], "invalid json schema"),
+                          (["--regex", "(a"], "invalid regex"), (["--regex", "a", "--json-object"], "at most one"),
+                          (["--grammar", str(tmp_path / "missing")], "cannot read"),
+                          (["--regex", "a", "--device", "cuda"], "")]:
+        done = run_cli("generate", GOLDEN_QWEN3, "hi", *args)
+        assert done.returncode != 0 and message in done.stderr, done.stderr
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_cuda_refuses_a_constraint():
+    from reflex_engine.engine import Model
+
+    class OnCuda:  # the refusal comes before any device work: no GPU needed to check it
+        device = "cuda"
+
+    with pytest.raises(ReflexError, match="constraints run on the CPU backend for now: use --device cpu"):
+        Model._guide(OnCuda(), constraints.json_object(), ignore_eos=False)
+
+
+def test_ipc_constraints_and_the_invalid_constraint_code():
+    schema = {"type": "object", "properties": {"k": {"enum": ["a", "b"]}}, "required": ["k"], "additionalProperties": False}
+    lines = [{"op": "generate", "id": 1, "prompt": "hi", "json_schema": schema, "temperature": 0},
+             {"op": "generate", "id": 2, "prompt": "hi", "regex": "[0-9]{2}", "stream": True, "seed": 3},
+             {"op": "generate", "id": 3, "prompt": "hi", "regex": "(a"},
+             {"op": "generate", "id": 4, "prompt": "hi", "regex": "a", "grammar": "start: \"a\""},
+             {"op": "generate", "id": 5, "prompt": "hi", "json_schema": "not an object"}]
+    proc = subprocess.run([sys.executable, "-m", "reflex_engine", "stdio", GOLDEN_QWEN3, "--device", "cpu"], capture_output=True,
+                          timeout=300, input="".join(json.dumps(line) + "\n" for line in lines).encode())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    answers = [json.loads(line) for line in proc.stdout.splitlines()][1:]
+    finals = {a["id"]: a for a in answers if a["type"] != "token"}
+    assert check(schema, finals[1]["text"]) and finals[1]["finish_reason"] == "eos"
+    assert re.fullmatch("[0-9]{2}", finals[2]["text"])
+    assert "".join(a["text"] for a in answers if a["type"] == "token" and a["id"] == 2) == finals[2]["text"]
+    assert [finals[i]["code"] for i in (3, 4, 5)] == ["invalid_constraint", "invalid_request", "wrong_type"]
+
+
+def test_no_constraint_imports_nothing_new(tmp_path):
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "reflex_engine", "generate", GOLDEN_QWEN3, "hi", "-n", "2",
+                           "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "reflex_engine.constraints" not in imported and not any(m.startswith("llguidance") for m in imported)
