@@ -13,6 +13,7 @@ import pytest
 
 import reflex_engine
 from reflex_engine import constraints
+from reflex_engine.engine import ModelFile
 from reflex_engine.errors import ReflexError
 from reflex_engine.sampling import SamplingParams
 
@@ -139,6 +140,12 @@ def test_bad_constraints_are_one_line_errors(model, bad, message):
     with pytest.raises(constraints.ConstraintError, match=message) as e:
         model.generate("x", constraint=bad)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("path", [GOLDEN_QWEN3, GOLDEN_QWEN3.replace("qwen3", "llama")])
+def test_the_vocabulary_llguidance_gets_is_the_tokenizers(path):
+    tokenizer = ModelFile(path).tokenizer
+    assert constraints.token_bytes(tokenizer) == [tokenizer.token_bytes(i) for i in range(tokenizer.n_vocab)]
 
 
 def test_ignore_eos_with_a_constraint_is_refused(model):

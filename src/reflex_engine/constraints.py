@@ -116,7 +116,7 @@ class _Encoder:
         self.eos_token_id = tokenizer.eos_id if tokenizer.eos_id is not None else min(tokenizer.eog_ids, default=0)
         self.bos_token_id = tokenizer.bos_id
         self.special_token_ids = [i for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
-        self.tokens = [tokenizer.token_bytes(i) for i in range(tokenizer.n_vocab)]
+        self.tokens = token_bytes(tokenizer)
         for i in self.special_token_ids:
             # llguidance's mark of a special token (as its llama.cpp binding): never text in a grammar
             if types[i] == CONTROL or self.tokens[i][:1] == b"<" and self.tokens[i][-1:] == b">":
@@ -127,6 +127,32 @@ class _Encoder:
         if isinstance(text, bytes):
             text = text.decode("utf-8", "replace")
         return self._tokenizer.encode(text, add_bos=False, parse_special=False)
+
+
+def token_bytes(tokenizer) -> list[bytes]:
+    """Every token's Tokenizer.token_bytes, a byte-level BPE's normal tokens through the C charmap
+    codec (one GPT-2 character, one byte) rather than a Python step per character: for 151k
+    tokens ~0.05 s, not ~0.8."""
+    import codecs
+    from itertools import accumulate
+
+    from .tokenizer.bpe import BYTE_TO_UNICODE
+    from .tokenizer.vocab import NORMAL
+
+    vocab = tokenizer.vocab
+    if tokenizer.kind != "bpe":
+        return [tokenizer.token_bytes(i) for i in range(tokenizer.n_vocab)]
+    table = codecs.charmap_build("".join(BYTE_TO_UNICODE))
+    normal = [i for i, kind in enumerate(vocab.types) if kind == NORMAL]
+    texts = [vocab.tokens[i] for i in normal]
+    out: list = [None] * tokenizer.n_vocab
+    try:
+        data = codecs.charmap_encode("".join(texts), "strict", table)[0]
+        for i, a, b in zip(normal, accumulate(map(len, texts), initial=0), accumulate(map(len, texts))):
+            out[i] = data[a:b]
+    except UnicodeEncodeError:  # a character outside the byte table (it stands for its UTF-8): token_bytes has it
+        pass
+    return [piece if piece is not None else tokenizer.token_bytes(i) for i, piece in enumerate(out)]
 
 
 def _llguidance():
