@@ -98,7 +98,7 @@ def _grammar_source(llg, c: Constraint) -> str:
 
 
 def _vocabulary(llg, tokenizer):
-    """llguidance's view of the vocabulary, built once per tokenizer (~0.5 s for 151k tokens)."""
+    """llguidance's view of the vocabulary, built once per tokenizer (151k tokens: ~0.9 s, docs/perf-notes.md)."""
     vocab = _vocabularies.get(tokenizer)
     if vocab is None:
         vocab = _vocabularies[tokenizer] = llg.LLTokenizer(llg.TokenizerWrapper(_Encoder(tokenizer)),
