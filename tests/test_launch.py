@@ -25,3 +25,11 @@ def test_commands_without_a_model_on_a_device_start_nothing():
 def test_a_prompt_that_mentions_the_option_is_still_a_prompt():
     assert device_in(["generate", "m.gguf", "--device cpu please", "--device", "cuda"]) == "cuda"
     assert device_in(["generate", "m.gguf", "--", "--device", "cpu"]) == "auto"
+
+
+def test_a_constrained_generate_on_auto_starts_no_driver():
+    """Constraints run on the CPU backend: `auto` takes it, so the driver's init would be wasted."""
+    for option in (["--json-object"], ["--regex", "a+"], ["--json-schema=s.json"], ["--grammar", "g.lark"]):
+        assert device_in(["generate", "m.gguf", "hi", *option]) == "cpu"
+        assert device_in(["generate", "m.gguf", "hi", *option, "--device", "cuda"]) == "cuda"  # refused later, clearly
+    assert device_in(["generate", "m.gguf", "--", "--regex", "a"]) == "auto"  # a prompt, not an option
