@@ -38,3 +38,11 @@ template <class T> __device__ __forceinline__ T warp_sum(T v) { return warp_redu
 __device__ __forceinline__ float warp_max(float v) { return warp_reduce(v, Max()); }
 template <class T> __device__ __forceinline__ T block_sum(T v) { return block_reduce(v, T(0), Sum()); }
 __device__ __forceinline__ float block_max(float v) { return block_reduce(v, -INFINITY, Max()); }
+
+// Asks L2 for the line holding p, so a thread has more bytes in flight than its registers hold.
+// Not on sm_120: NVRTC 12.9 crashed (SIGSEGV) compiling the matvecs' prefetches for it (2026-12-01).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if __CUDA_ARCH__ < 1200
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(p)));
+#endif
+}

@@ -20,7 +20,7 @@ constexpr int MATVEC_AHEAD = 2;  // passes over the rows whose weights are reque
 template <class B>
 __device__ __forceinline__ void prefetch_piece(const uint8_t* row, int p, int n_pieces) {
     if (p < n_pieces)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(row + (size_t)p * MATVEC_PIECE * sizeof(B) / B::elems)));
+        prefetch_l2(row + (size_t)p * MATVEC_PIECE * sizeof(B) / B::elems);
 }
 
 // x[k0..k0+15] of one token's row, 0 past n_cols.

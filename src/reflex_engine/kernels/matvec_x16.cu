@@ -248,7 +248,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_x16(const float* __re
 template <class B>
 __device__ __forceinline__ void prefetch_unit(const uint8_t* row, int u, int n_units) {
     if (u < n_units)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(row + (size_t)u * 32 * sizeof(B) / B::elems)));
+        prefetch_l2(row + (size_t)u * 32 * sizeof(B) / B::elems);
 }
 
 template <class B>
