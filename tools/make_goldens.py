@@ -44,6 +44,7 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -586,14 +587,11 @@ def load_checkpoint_with_gguf_weights(ckpt: Path, path: Path):
     return model
 
 
-def deepseek_state_dict(path: Path, config) -> dict:
-    """A deepseek2 GGUF's weights (gguf-py dequantization) under the names and layouts of
-    transformers' DeepseekV2/V3 models: the converter's steps undone (kv_b_proj rebuilt from
-    attn_k_b, stored transposed, and attn_v_b; stacked experts as fused gate_up_proj / down_proj)."""
+def _dequantized(reader) -> tuple[dict, Callable[[str], np.ndarray], set]:
+    """A GGUF's tensors dequantized by gguf-py, in torch's axis order; take(name), which marks a
+    tensor as mapped back; and the set of those taken, so the caller can check none is left."""
     import gguf
-    import torch
 
-    reader = gguf.GGUFReader(path)
     t = {x.name: np.asarray(gguf.dequantize(x.data, x.tensor_type), np.float32).reshape([int(d) for d in reversed(x.shape)])
          for x in reader.tensors}
     used = set()
@@ -602,6 +600,17 @@ def deepseek_state_dict(path: Path, config) -> dict:
         used.add(name)
         return t[name]
 
+    return t, take, used
+
+
+def deepseek_state_dict(path: Path, config) -> dict:
+    """A deepseek2 GGUF's weights (gguf-py dequantization) under the names and layouts of
+    transformers' DeepseekV2/V3 models: the converter's steps undone (kv_b_proj rebuilt from
+    attn_k_b, stored transposed, and attn_v_b; stacked experts as fused gate_up_proj / down_proj)."""
+    import gguf
+    import torch
+
+    t, take, used = _dequantized(gguf.GGUFReader(path))
     sd = {"model.embed_tokens.weight": take("token_embd.weight"), "model.norm.weight": take("output_norm.weight")}
     if "output.weight" in t:
         sd["lm_head.weight"] = take("output.weight")
@@ -638,13 +647,7 @@ def hybrid_state_dict(path: Path, config) -> dict:
 
     reader = gguf.GGUFReader(path)
     arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
-    t = {x.name: np.asarray(gguf.dequantize(x.data, x.tensor_type), np.float32).reshape([int(d) for d in reversed(x.shape)])
-         for x in reader.tensors}
-    used = set()
-
-    def take(name):
-        used.add(name)
-        return t[name]
+    t, take, used = _dequantized(reader)
 
     h_k, h_v = config.linear_num_key_heads, config.linear_num_value_heads
     dk, dv, r = config.linear_key_head_dim, config.linear_value_head_dim, h_v // h_k
