@@ -269,7 +269,7 @@ class CudaOps(ExpertOps):
             # 4 bytes a column and so any stored row
             first = sorted(set(tokens))
             row_bytes = tensor_nbytes(table.ggml_type, (table.n_cols,))
-            rows = bytes().join(arriving[1][t * row_bytes : (t + 1) * row_bytes] for t in first)
+            rows = b"".join(arriving[1][t * row_bytes : (t + 1) * row_bytes] for t in first)
             packed = self._new(len(first), table.n_cols)
             self.device.upload(packed.ptr, buffer_address(memoryview(rows)), len(rows))  # pageable: staged before it returns
             at = {t: i for i, t in enumerate(first)}
