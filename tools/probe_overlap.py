@@ -10,7 +10,6 @@ every chunk pinned before the first copy, the pages unpinned or not.)
 A throwaway measurement tool: the engine path is what it is, monkeypatched here per variant.
 """
 import argparse
-import json
 import os
 import re
 import statistics
