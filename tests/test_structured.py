@@ -1,7 +1,10 @@
-"""Constrained decoding on the CPU (constraints.py): 200 random JSON schemas decoded on a random
-tiny model, each output parsed and validated with jsonschema; regexes and grammars matched; the
-same requests without the constraint mostly invalid (so the mask is what makes them valid);
-bad constraints as one-line errors from the CLI and the IPC; nothing imported without one."""
+"""Constrained decoding (constraints.py), on the CPU and, where a GPU is, on CUDA: 200 random JSON
+schemas decoded on a random tiny model, each output parsed and validated with jsonschema; regexes
+and grammars matched; the same requests without the constraint mostly invalid (so the mask is
+what makes them valid); the CUDA sampler's masked distribution against the CPU sampler's on
+random masks; bad constraints as one-line errors from the CLI and the IPC; nothing imported
+without one."""
+import ctypes.util
 import json
 import random
 import re
@@ -26,9 +29,12 @@ GREEDY, SEEDED = SamplingParams(temperature=0), SamplingParams(seed=15)
 FORMATS = ("date", "uuid", "ipv4")  # bounded, and checked by jsonschema's FormatChecker without extras
 
 
-@pytest.fixture(scope="module")
-def model():
-    return reflex_engine.load(GOLDEN_QWEN3, device="cpu")
+HAS_CUDA = bool(ctypes.util.find_library("cuda"))
+
+
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def model(request):
+    return reflex_engine.load(GOLDEN_QWEN3, device=request.param)
 
 
 def random_schema(rng: random.Random, depth: int = 0) -> dict:
@@ -166,21 +172,77 @@ def test_cli_constraints_and_their_errors(tmp_path):
     (tmp_path / "bad.json").write_text('{"type": ')
     for args, message in [(["--json-schema", str(tmp_path / "bad.json")], "invalid json schema"),
                           (["--regex", "(a"], "invalid regex"), (["--regex", "a", "--json-object"], "at most one"),
-                          (["--grammar", str(tmp_path / "missing")], "cannot read"),
-                          (["--regex", "a", "--device", "cuda"], "")]:
+                          (["--grammar", str(tmp_path / "missing")], "cannot read")]:
         done = run_cli("generate", GOLDEN_QWEN3, "hi", *args)
         assert done.returncode != 0 and message in done.stderr, done.stderr
         assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
 
 
-def test_cuda_refuses_a_constraint():
-    from reflex_engine.engine import Model
+@pytest.mark.gpu
+def test_cli_constraint_on_cuda(tmp_path):
+    done = run_cli("generate", GOLDEN_QWEN3, "hi", "--regex", "[ab]{3}", "--temp", "0", "--json", "--device", "cuda")
+    assert done.returncode == 0 and re.fullmatch("[ab]{3}", json.loads(done.stdout)["text"]), done.stderr
+    assert json.loads(done.stdout)["device"] == "cuda"
 
-    class OnCuda:  # the refusal comes before any device work: no GPU needed to check it
-        device = "cuda"
 
-    with pytest.raises(ReflexError, match="constraints run on the CPU backend for now: use --device cpu"):
-        Model._guide(OnCuda(), constraints.json_object(), ignore_eos=False)
+@pytest.mark.skipif(HAS_CUDA, reason="a GPU is here: the CUDA run is test_cli_constraint_on_cuda")
+def test_cli_constraint_on_cuda_without_a_gpu_is_a_one_line_error():
+    done = run_cli("generate", GOLDEN_QWEN3, "hi", "--regex", "a", "--device", "cuda")
+    assert done.returncode != 0 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+
+
+CUDA_VOCAB = 151936  # Qwen's: a mask of 4,748 words, its last one full
+
+
+@pytest.fixture(scope="module")
+def cuda_ops():
+    from reflex_engine.backends.cuda import CudaOps
+    from reflex_engine.gguf import GGMLType
+    from reflex_engine.ops import CacheShape
+
+    ops = CudaOps()
+    ops.reserve([(GGMLType.F32, (1 << 20,))], CacheShape(1, 256, 64, 64), activation_width=CUDA_VOCAB)
+    return ops
+
+
+def random_mask(rng, n_vocab: int, density: float):
+    """A Guide-style packed mask (bit i of uint32 word j = token 32j + i) and the allowed ids."""
+    allowed = sorted(rng.sample(range(n_vocab), max(1, int(n_vocab * density))))
+    words = (ctypes.c_uint32 * ((n_vocab + 31) // 32))()
+    for t in allowed:
+        words[t // 32] |= 1 << (t % 32)
+    return words, allowed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("params", [dict(temperature=0), dict(top_k=40, top_p=0.95, min_p=0.05), dict(top_k=0, top_p=1.0, min_p=0.0),
+                                    dict(top_k=0, top_p=0.9, min_p=0.0), dict(top_k=300, top_p=1.0, min_p=0.0),
+                                    dict(top_k=5, repeat_penalty=1.5, presence_penalty=0.7)])
+@pytest.mark.parametrize("density", [0.0001, 0.003, 0.3, 1.0])
+def test_cuda_masked_sampling_matches_the_cpu_sampler(cuda_ops, params, density):
+    """Penalties, then the mask, then the filters: the CUDA sampler's (ids, probabilities) are the
+    CPU sampler's, on random logits (ties at the top) and random masks, and the draw is allowed."""
+    import numpy as np
+
+    from reflex_engine.backends.cpu.sampler import Sampler
+
+    ops, n_vocab = cuda_ops, CUDA_VOCAB
+    rng, nrng = random.Random(repr((density, params))), np.random.default_rng(len(repr(params)))
+    p = SamplingParams(**{"temperature": 0.8, "seed": 3, **params})
+    for _ in range(3):
+        logits = (nrng.standard_normal((1, n_vocab)) * 3).astype(np.float32)
+        logits[0, rng.sample(range(n_vocab), 30)] = logits.max()  # ties at the top
+        mask, allowed = random_mask(rng, n_vocab, density)
+        history = rng.sample(range(n_vocab), 20) + allowed[:5]
+        want_ids, want_probs = Sampler(p).distribution(logits[0], history, mask)
+        sampler = ops.new_sampler(p)
+        row = ops.from_host(logits)
+        sampler._penalize(row.row(0), history)
+        ids, probs = sampler.distribution(row.row(0), n_vocab, mask)
+        assert ids == want_ids.tolist()
+        np.testing.assert_allclose(probs, want_probs, rtol=1e-5, atol=1e-9)
+        allowed_set = set(allowed)
+        assert all(ops.new_sampler(p)(ops.from_host(logits), history, mask=mask) in allowed_set for _ in range(5))
 
 
 def test_ipc_constraints_and_the_invalid_constraint_code():

@@ -168,15 +168,12 @@ def _result_line(tag: str, fields: dict) -> str:
 
 
 def cmd_generate(args) -> int:
-    from .backends import BackendStart
     from .sampling import SamplingParams
 
     sampling = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                               repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
                               repeat_last_n=args.repeat_last_n, seed=None if args.seed < 0 else args.seed)
     constraint = _constraint(args)
-    if constraint is not None and args.device == "auto":  # the mask runs where the CPU samples (for now)
-        args.backend = BackendStart("cpu")
     model, ids = _open_and_encode(args, lambda file: None if args.max_tokens == -1 else args.max_tokens + _imported(args))
     gen = model.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop, ignore_eos=args.ignore_eos,
                          import_kv=args.import_kv, export_kv=args.export_kv, constraint=constraint)
@@ -369,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=-1, help="-1 = random")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
-    # constrained decoding (constraints.py): needs the structured extra, runs on the CPU backend for now
+    # constrained decoding (constraints.py): needs the structured extra
     p.add_argument("--json-schema", metavar="FILE", help="the output is JSON valid under the JSON schema in FILE")
     p.add_argument("--json-object", action="store_true", help="the output is a JSON object")
     p.add_argument("--regex", metavar="PATTERN", help="the output matches PATTERN as a whole")

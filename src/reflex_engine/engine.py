@@ -286,7 +286,7 @@ class Model:
         constraint: a constraints.Constraint (json_schema, json_object, regex, grammar) the output
         must match: every token, greedy or sampled, is chosen among those its mask allows, an
         end-of-generation token only where the grammar may end, and the generation ends when the
-        grammar is complete (finish_reason "eos"). CPU backend only for now.
+        grammar is complete (finish_reason "eos").
         """
         from .sampling import SamplingParams
 
@@ -318,11 +318,9 @@ class Model:
         return gen
 
     def _guide(self, constraint, ignore_eos: bool):
-        """The constraint compiled for this vocabulary (None without one), refused where it cannot run."""
+        """The constraint compiled for this vocabulary (None without one)."""
         if constraint is None:
             return None
-        if self.device != "cpu":
-            raise ReflexError("constraints run on the CPU backend for now: use --device cpu")
         if ignore_eos:
             raise ReflexError("ignore_eos and a constraint exclude each other: the grammar decides where the output ends")
         from .constraints import start

@@ -7,15 +7,11 @@ import sys
 DEVICE_DEFAULTS = {"generate": "auto", "system1": "auto", "stdio": "auto", "uds": "auto", "bench": "auto", "check": "cpu"}
 
 
-# generate's constraint options: constraints run on the CPU backend, so `auto` will take it
-CONSTRAINT_OPTIONS = ("--json-schema", "--json-object", "--regex", "--grammar")
-
-
 def device_in(argv: list[str]) -> str | None:
     """The device this command line asks for, or None for a command that loads no model."""
     if not argv or argv[0] not in DEVICE_DEFAULTS:
         return None
-    device, constrained = DEVICE_DEFAULTS[argv[0]], False
+    device = DEVICE_DEFAULTS[argv[0]]
     for i, arg in enumerate(argv[1:], 1):
         if arg == "--":
             break
@@ -23,8 +19,7 @@ def device_in(argv: list[str]) -> str | None:
             device = argv[i + 1]
         elif arg.startswith("--device="):
             device = arg.split("=", 1)[1]
-        constrained = constrained or arg.split("=", 1)[0] in CONSTRAINT_OPTIONS
-    return "cpu" if device == "auto" and constrained else device
+    return device
 
 
 def run() -> None:

@@ -43,6 +43,13 @@ apply_penalties(float* logits, const int* ids, int n_ids, float repeat_penalty,
     logits[ids[t]] = v - presence_penalty;
 }
 
+// A constraint's mask (constraints.Guide): logits[j] = -inf where bit j % 32 of word j / 32 is 0.
+extern "C" __global__ void __launch_bounds__(256)
+mask_logits(float* logits, const uint32_t* allowed, int n) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < n && !((allowed[j >> 5] >> (j & 31)) & 1u)) logits[j] = -INFINITY;
+}
+
 // An unsigned key that orders as the float does. -0 is keyed as +0 and NaN lowest, so that key
 // order with ties by index is numpy's np.argsort(-x, kind="stable").
 __device__ __forceinline__ uint32_t order_key(float x) {

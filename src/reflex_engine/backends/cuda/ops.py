@@ -128,7 +128,8 @@ class CudaOps(ExpertOps):
         device memory, then take all three (activation_width: float32 values live per token)."""
         row_width = cache.k_width + (0 if cache.latent else cache.v_width)  # a latent row holds its values
         kv_bytes = cache.n_layers * aligned(cache.capacity * row_width * 2) + aligned(4 * cache.capacity)
-        ints = {**{kind: 1 if kind == "start" else MAX_BATCH for kind in STEP_INTS}, "pairs": MAX_BATCH, "history": cache.capacity}
+        ints = {**{kind: 1 if kind == "start" else MAX_BATCH for kind in STEP_INTS}, "pairs": MAX_BATCH, "history": cache.capacity,
+                "mask": -(-activation_width // 32)}  # a constraint's packed mask (cuda/sampler.py): n_vocab bits fit
         # dequantized weight rows for the long-prompt GEMM: the largest matrix, up to a cap (more rows run in turns)
         self._w16_bytes = aligned(min(W16_MAX_BYTES, max((2 * math.prod(shape) for _, shape in tensors if len(shape) == 2), default=0)))
         scratch = (sum(aligned(4 * n) for n in ints.values()) + aligned(8 * 2 * MAX_BATCH) + aligned(8 * TOP_K_MAX + 16)

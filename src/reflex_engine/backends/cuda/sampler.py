@@ -1,6 +1,7 @@
 """Choosing the next token with the logits on the device: a few numbers come back, not the row.
 
-Penalties are applied on the device; greedy is an argmax there. Otherwise the device finds the
+Penalties, then a constraint's mask (its disallowed logits to -inf), are applied on the device;
+greedy is an argmax there. Otherwise the device finds the
 highest logits and the row's softmax normalizer, and `candidate_distribution` applies the CPU
 sampler's filters to them in plain Python. Only when those candidates cannot settle the
 distribution (top-k off and a flat row) does the whole row come back. The draw uses Python's
@@ -25,10 +26,10 @@ class CudaSampler:
         self.ops, self.params = ops, params
         self.rng = random.Random(params.seed)
 
-    def __call__(self, logits: Tensor, history) -> int:
+    def __call__(self, logits: Tensor, history, mask=None) -> int:
         row = logits.row(logits.rows - 1)
         self._penalize(row, history)
-        ids, probs = self.distribution(row, logits.cols)
+        ids, probs = self.distribution(row, logits.cols, mask)
         if len(ids) == 1:
             return ids[0]
         r, acc = self.rng.random(), 0.0
@@ -38,16 +39,20 @@ class CudaSampler:
                 return token
         return ids[-1]  # r landed in the rounding gap at the top
 
-    def distribution(self, row: int, n_vocab: int) -> tuple[list[int], list[float]]:
-        """(ids, probabilities) after every filter; greedy gives ([argmax], [1.0])."""
+    def distribution(self, row: int, n_vocab: int, mask=None) -> tuple[list[int], list[float]]:
+        """(ids, probabilities) after every filter; greedy gives ([argmax], [1.0]). mask: the tokens
+        allowed (constraints.Guide's packed bits, bit i of uint32 word j = token 32j + i), applied
+        to the row in place before the filters, as the CPU sampler applies it."""
         p, dev = self.params, self.ops.device
+        n_allowed = n_vocab if mask is None else self._mask(row, n_vocab, mask)
         out = self.ops._top
         if p.temperature == 0:
             dev.launch("argmax_rows", (1,), 1024, (PTR(row), INT(n_vocab), PTR(out)))
             best = ctypes.c_int32()
             dev.download(ctypes.addressof(best), out, 4)
             return [best.value], [1.0]
-        k = min(n_vocab, p.top_k if 0 < p.top_k <= TOP_K_MAX else TOP_K_MAX)
+        # the masked tokens sort last (-inf, as the CPU sampler's): only the allowed ones are candidates
+        k = min(n_allowed, p.top_k if 0 < p.top_k <= TOP_K_MAX else TOP_K_MAX)
         ids_at, vals_at, stats_at = out, out + 4 * TOP_K_MAX, out + 8 * TOP_K_MAX
         dev.launch("top_k", (1,), 1024, (PTR(row), INT(n_vocab), INT(k), PTR(ids_at), PTR(vals_at), PTR(stats_at)))
         host = (ctypes.c_int32 * (2 * TOP_K_MAX + 4))()
@@ -55,16 +60,29 @@ class CudaSampler:
         ids = list(host[:k])
         vals = list((ctypes.c_float * TOP_K_MAX).from_buffer(host, 4 * TOP_K_MAX)[:k])
         normalizer = (ctypes.c_float * 2).from_buffer(host, 8 * TOP_K_MAX)[1]
-        found = candidate_distribution(p, ids, vals, normalizer, complete=k == n_vocab)
-        return found if found is not None else self._whole_row(row, n_vocab)
+        found = candidate_distribution(p, ids, vals, normalizer, complete=k == n_allowed)
+        return found if found is not None else self._whole_row(row, n_vocab, n_allowed)
 
-    def _whole_row(self, row: int, n_vocab: int) -> tuple[list[int], list[float]]:
+    def _whole_row(self, row: int, n_vocab: int, n_allowed: int) -> tuple[list[int], list[float]]:
         values = (ctypes.c_float * n_vocab)()
         self.ops.device.download(ctypes.addressof(values), row, 4 * n_vocab)
         order = sorted(range(n_vocab), key=values.__getitem__, reverse=True)  # stable: ties keep lower ids first
-        ids, vals = order, [values[i] for i in order]
+        ids = order[:n_allowed]  # a mask's -inf ones last: dropped, as the CPU sampler drops them
+        vals = [values[i] for i in ids]
         normalizer = math.fsum(math.exp(v - vals[0]) for v in vals)
         return candidate_distribution(self.params, ids, vals, normalizer, complete=True)
+
+    def _mask(self, row: int, n_vocab: int, mask) -> int:
+        """Upload the mask to its scratch slot (CudaOps.reserve), set the logits it leaves out to
+        -inf, and return how many tokens it allows."""
+        host = (ctypes.c_uint32 * (-(-n_vocab // 32))).from_buffer_copy(mask)  # the driver stages it before returning
+        n_allowed = (int.from_bytes(host, "little") & ((1 << n_vocab) - 1)).bit_count()
+        if not n_allowed:
+            raise ReflexError("internal error: the constraint allows no token")
+        dev, slot = self.ops.device, self.ops._ints["mask"]
+        dev.upload(slot, ctypes.addressof(host), ctypes.sizeof(host))
+        dev.launch("mask_logits", (-(-n_vocab // 256),), 256, (PTR(row), PTR(slot), INT(n_vocab)))
+        return n_allowed
 
     def _penalize(self, row: int, history) -> None:
         p = self.params
