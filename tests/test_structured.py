@@ -269,3 +269,168 @@ def test_no_constraint_imports_nothing_new(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     assert "reflex_engine.constraints" not in imported and not any(m.startswith("llguidance") for m in imported)
+
+
+# -- system1 with the candidates given as a finite JSON schema (constraints.schema_instances) ---------
+
+WORDS = ["yes", "no", "maybe", "red", "grün", "日本", "a b", 'say "hi"', "tab\there", "", "x" * 12]
+
+
+def random_value(rng: random.Random):
+    kind = rng.choice(["str", "int", "bool", "null", "float"])
+    if kind == "str":
+        return rng.choice(WORDS) + rng.choice(["", str(rng.randint(0, 99))])
+    if kind == "int":
+        return rng.randint(-10**6, 10**6)
+    if kind == "float":  # dyadic, so its shortest digits are the same in any language
+        return (2 * rng.randint(-4000, 4000) + 1) / 8  # never integral (the grammar writes 1.0 as 1)
+    return rng.choice([True, False]) if kind == "bool" else None
+
+
+def literal(value) -> str:
+    """The JSON text a constrained generate writes for a value of random_value's kinds (no DEL, no
+    integral floats, no exponents): Python's own json with JSON_OPTIONS' separators."""
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+
+
+def accepted_by_llguidance(model, schema: dict, text: str) -> bool:
+    """The oracle: llguidance's matcher for the schema, as a constrained generate builds it,
+    takes the text's tokens and may end there."""
+    matcher = constraints.start(constraints.json_schema(schema), model.tokenizer)._matcher
+    return all(matcher.consume_token(t) for t in model.tokenize(text, add_bos=False, parse_special=False)) and matcher.is_accepting()
+
+
+def test_system1_enum_candidates_score_as_the_same_literal_candidates(model):
+    rng = random.Random(1507)
+    for trial in range(6):
+        values = []
+        while len(values) < rng.randint(1, 8):
+            v = random_value(rng)
+            if literal(v) not in map(literal, values):
+                values.append(v)
+        texts = [literal(v) for v in values]
+        schema = {"enum": values} if trial % 3 else {"anyOf": [{"const": v} for v in values], "description": "answer"}
+        if trial % 3 == 2:
+            schema = {"type": "object", "properties": {"answer": {"enum": values}, "sure": {"type": "boolean"}},
+                      "required": ["answer", "sure"], "additionalProperties": False}
+            texts = [f'{{"answer": {t}, "sure": {b}}}' for t in texts for b in ("true", "false")]
+        prompt = f"question {trial}: pick one."
+        by_schema = model.system1(prompt, json_schema=schema if trial % 2 else json.dumps(schema))
+        by_text = model.system1(prompt, texts)
+        assert [c.text for c in by_schema.candidates] == texts
+        assert [(c.tokens, c.score, c.probability) for c in by_schema.candidates] == [
+            (c.tokens, c.score, c.probability) for c in by_text.candidates]
+        assert (by_schema.best, by_schema.entropy) == (by_text.best, by_text.entropy)
+        assert "constraint_ms" in by_schema.timings
+
+
+def random_finite_schema(rng: random.Random, depth: int = 0) -> tuple[dict, int]:
+    """A schema with a finite instance set, and the size of that set counted here, independently."""
+    kind = rng.choice(["enum", "const", "boolean", "null", "integer", "anyOf"] + (["object", "array"] if depth < 2 else []))
+    if kind == "enum":
+        values = list({literal(v): v for v in (random_value(rng) for _ in range(rng.randint(1, 4)))}.values())
+        return {"enum": values}, len(values)
+    if kind == "const":
+        return {"const": random_value(rng)}, 1
+    if kind in ("boolean", "null"):
+        return {"type": kind}, 2 if kind == "boolean" else 1
+    if kind == "integer":
+        low = rng.randint(-30, 30)
+        high = low + rng.randint(0, 6)
+        if rng.random() < 0.5:
+            return {"type": "integer", "exclusiveMinimum": low - 1, "exclusiveMaximum": high + 1}, high - low + 1
+        return {"type": "integer", "minimum": low, "maximum": high}, high - low + 1
+    if kind == "anyOf":  # disjoint branches: the count adds up
+        a, b = rng.randint(0, 50), rng.randint(0, 50)
+        return {"anyOf": [{"type": "integer", "minimum": a, "maximum": a + 1}, {"enum": [f"s{b}", f"t{b}"]}]}, 4
+    if kind == "array":
+        item, n = random_finite_schema(rng, depth + 1)
+        low = rng.randint(0, 1)
+        high = low + rng.randint(0, 2)
+        return {"type": "array", "items": item, "minItems": low, "maxItems": high}, sum(n ** k for k in range(low, high + 1))
+    names = rng.sample(["id", "name", "kind", "ok", "when"], rng.randint(1, 3))
+    props, required, count = {}, rng.sample(names, rng.randint(0, len(names))), 1
+    for name in names:
+        props[name], n = random_finite_schema(rng, depth + 1)
+        count *= n + (name not in required)
+    return {"type": "object", "properties": props, "required": required, "additionalProperties": False}, count
+
+
+def test_schema_instances_are_what_the_grammar_accepts_and_all_of_them(model):
+    rng, checked = random.Random(4242), 0
+    while checked < 40:
+        schema, count = random_finite_schema(rng)
+        if count > constraints.MAX_INSTANCES:
+            with pytest.raises(constraints.ConstraintError, match="at most 1024 instances"):
+                constraints.schema_instances(schema)
+            continue
+        texts = constraints.schema_instances(schema)
+        assert len(texts) == len(set(texts)) == count, schema
+        validator = jsonschema.Draft202012Validator(schema)
+        for text in rng.sample(texts, min(len(texts), 8)):
+            assert validator.is_valid(json.loads(text)), (schema, text)
+            assert accepted_by_llguidance(model, schema, text), (schema, text)
+        checked += 1
+
+
+@pytest.mark.parametrize("value, text", [(1.0, "1"), (-0.0, "-0"), (1e20, "100000000000000000000"), (1e-7, "0.0000001"),
+                                         (0.1, "0.1"), ("\x7fé", '"\\u007fé"'), ({"b": 1, "a": [True, None]}, '{"b": 1, "a": [true, null]}'),
+                                         (2 ** 63 - 1, str(2 ** 63 - 1))])
+def test_schema_instances_write_numbers_and_strings_as_the_grammar_does(model, value, text):
+    assert constraints.schema_instances({"enum": [value]}) == [text]
+    assert accepted_by_llguidance(model, {"enum": [value]}, text)
+
+
+REFUSED = [({"type": "string"}, "a string without enum or const"),
+           ({"type": "number", "minimum": 0, "maximum": 1}, "a number without enum or const"),
+           ({"type": "object", "properties": {"a": {"type": "boolean"}}}, "additionalProperties"),
+           ({"type": "array", "items": {"type": "boolean"}}, "without maxItems"),
+           ({"type": "integer", "minimum": 0}, "both a minimum and a maximum"),
+           ({"type": "integer", "minimum": 0, "maximum": 5000}, "5001 instances"),
+           ({"type": "object", "properties": {f"k{i}": {"type": "boolean"} for i in range(11)}, "required": [f"k{i}" for i in range(11)],
+             "additionalProperties": False}, "at most 1024 instances"),
+           ({"$defs": {"t": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/t"}}}, "$ref": "#/$defs/t"}, "refers to itself"),
+           ({"enum": ["a"], "pattern": "b"}, "'pattern' is not supported"),
+           ({}, "any value is allowed"),
+           ({"enum": [2 ** 64]}, "outside the 64-bit range"),
+           ({"enum": []}, "allows no instance")]
+
+
+@pytest.mark.parametrize("schema, message", REFUSED)
+def test_infinite_or_large_candidate_schemas_are_refused_in_one_line(model, schema, message):
+    with pytest.raises(constraints.ConstraintError, match=re.escape(message)) as e:
+        model.system1("x", json_schema=schema)
+    assert "\n" not in str(e.value)
+
+
+def test_system1_schema_from_the_cli_and_the_ipc(tmp_path):
+    schema = {"type": "object", "properties": {"label": {"enum": ["spam", "ham", "später"]}, "n": {"type": "integer", "minimum": 1, "maximum": 2}},
+              "required": ["label"], "additionalProperties": False}
+    texts = [f'{{"label": "{w}"{n}}}' for w in ("spam", "ham", "später") for n in (', "n": 1', ', "n": 2', "")]
+    (tmp_path / "s.json").write_text(json.dumps(schema), encoding="utf-8")
+    by_schema = run_cli("system1", GOLDEN_QWEN3, "label:", "--device", "cpu", "--json-schema", str(tmp_path / "s.json"), "--json")
+    by_text = run_cli("system1", GOLDEN_QWEN3, "label:", "--device", "cpu", "--json", *[a for t in texts for a in ("--candidate", t)])
+    assert by_schema.returncode == 0 and by_text.returncode == 0, by_schema.stderr + by_text.stderr
+    got, want = json.loads(by_schema.stdout), json.loads(by_text.stdout)
+    assert [c["text"] for c in got["scores"]] == texts and got["scores"] == want["scores"] and got["best_idx"] == want["best_idx"]
+    (tmp_path / "inf.json").write_text('{"type": "string"}')
+    for args, message in [(["--json-schema", str(tmp_path / "inf.json")], "a string without enum or const"),
+                          (["--json-schema", str(tmp_path / "s.json"), "--candidate", "a"], "not both"),
+                          (["--json-schema", str(tmp_path / "missing.json")], "cannot read")]:
+        done = run_cli("system1", GOLDEN_QWEN3, "label:", "--device", "cpu", *args)
+        assert done.returncode != 0 and message in done.stderr, done.stderr
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+
+    lines = [{"op": "system1", "id": 1, "prompt": "label:", "json_schema": schema},
+             {"op": "system1", "id": 2, "prompt": "label:", "candidates": texts},
+             {"op": "system1", "id": 3, "prompt": "label:", "json_schema": {"type": "string"}},
+             {"op": "system1", "id": 4, "prompt": "label:", "json_schema": schema, "candidates": ["a"]},
+             {"op": "system1", "id": 5, "prompt": "label:", "json_schema": "not an object"}]
+    proc = subprocess.run([sys.executable, "-m", "reflex_engine", "stdio", GOLDEN_QWEN3, "--device", "cpu"], capture_output=True,
+                          timeout=300, input="".join(json.dumps(line) + "\n" for line in lines).encode())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    answers = {a["id"]: a for a in map(json.loads, proc.stdout.splitlines()[1:])}
+    assert answers[1]["candidates"] == answers[2]["candidates"] and [c["text"] for c in answers[1]["candidates"]] == texts
+    assert [c["score"] for c in answers[1]["candidates"]] == [c["score"] for c in got["scores"]]  # the CLI's, exactly
+    assert [answers[i].get("code") for i in (3, 4, 5)] == ["invalid_constraint", "invalid_request", "wrong_type"]
+    assert "a string without enum or const" in answers[3]["message"]

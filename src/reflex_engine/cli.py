@@ -209,9 +209,18 @@ def _constraint(args):
 
 
 def cmd_system1(args) -> int:
+    schema, candidates = None, args.candidate or []
+    if args.json_schema is not None:
+        from .constraints import schema_instances
+
+        if candidates:
+            raise ReflexError("give --candidate or --json-schema, not both")
+        schema = _read_file(args.json_schema)
+        candidates = schema_instances(schema)  # refused here, before the model loads; sizes the context
     model, ids = _open_and_encode(args, lambda file: _imported(args) + sum(len(file.encode(c, add_bos=False))
-                                                                           for c in args.candidate or []))
-    result = model.system1(ids, args.candidate or [], import_kv=args.import_kv, export_kv=args.export_kv)
+                                                                           for c in candidates))
+    result = model.system1(ids, None if schema is not None else candidates, import_kv=args.import_kv,
+                           export_kv=args.export_kv, json_schema=schema)
     done_ms = _process_ms()
     # idx, token_ids, num_candidates, best_idx: the field names of the original Reflex's lines
     candidates = [{"idx": c.index, "text": c.text, "token_ids": c.tokens, "score": c.score, "probability": c.probability}
@@ -376,6 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("system1", help="score candidate answers in one forward pass")
     _add_run_options(p, "system1")
     p.add_argument("--candidate", action="append", metavar="TEXT", help="a candidate continuation (repeat for each)")
+    p.add_argument("--json-schema", metavar="FILE", help="instead of --candidate: every instance of the JSON schema in FILE "
+                   "(a finite set: enum, const, boolean, bounded integers, objects and arrays of those; at most 1,024), "
+                   "written as generate --json-schema writes JSON")
     p.set_defaults(run=cmd_system1)
 
     p = sub.add_parser("check", help="compare our logits with a reference; non-zero exit on mismatch")

@@ -155,6 +155,229 @@ def token_bytes(tokenizer) -> list[bytes]:
     return [piece if piece is not None else tokenizer.token_bytes(i) for i, piece in enumerate(out)]
 
 
+# -- a finite schema's instances: system1's candidates (engine.Model.system1) ---------------------
+
+MAX_INSTANCES = 1024  # system1 scores every candidate in one pass: a larger set is refused
+_ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$id", "$comment", "$defs", "definitions",
+                "deprecated", "readOnly", "writeOnly"}
+_TYPE_OF = {"null": lambda v: v is None, "boolean": lambda v: isinstance(v, bool), "string": lambda v: isinstance(v, str),
+            "integer": lambda v: isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and v.is_integer(),
+            "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+            "array": lambda v: isinstance(v, list), "object": lambda v: isinstance(v, dict)}
+
+
+def schema_instances(schema, limit: int = MAX_INSTANCES) -> list[str]:
+    """Every instance of a JSON schema whose instances form a finite set (enum, const, boolean,
+    null, a bounded integer, anyOf/oneOf of such, objects with additionalProperties false whose
+    properties are such, bounded arrays of such), as JSON text the way a constrained generate
+    writes it (JSON_OPTIONS' separators, keys in the schema's order, optional ones absent or
+    present in turn). ConstraintError, one line, for an infinite set, one over `limit`, or a
+    keyword this expansion does not know."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as e:
+            raise ConstraintError(f"invalid json schema: {_one_line(str(e))}") from None
+    try:
+        texts = list(dict.fromkeys(map(_as_generated, _Expansion(schema, limit).values(schema, "$", 0))))
+    except (TypeError, AttributeError, ValueError) as e:  # a keyword's value of the wrong kind; NaN
+        raise ConstraintError(f"invalid json schema: {_one_line(str(e))}") from None
+    if not texts:
+        raise ConstraintError("the candidates' JSON schema allows no instance")
+    return texts
+
+
+class _Expansion:
+    MAX_DEPTH = 32  # $refs deeper than this are a recursive schema: an infinite set
+
+    def __init__(self, root, limit: int):
+        self.root, self.limit = root, limit
+
+    def refuse(self, where: str, why: str):
+        return ConstraintError(f"system1 candidates need a schema with a finite set of at most {self.limit} instances "
+                               f"(enum, const, boolean, bounded integers, objects and arrays of those): at {where}, {why}")
+
+    def check_size(self, n: int, where: str) -> None:
+        if n > self.limit:
+            raise self.refuse(where, f"{n} instances or more")
+
+    def values(self, s, where: str, depth: int) -> list:
+        if s is True:
+            raise self.refuse(where, "any value is allowed")
+        if s is False:
+            return []
+        if not isinstance(s, dict):
+            raise ConstraintError(f"invalid json schema: at {where}, a schema is an object or a boolean")
+        if depth > self.MAX_DEPTH:
+            raise self.refuse(where, f"the schema nests deeper than {self.MAX_DEPTH} (or refers to itself)")
+        unknown = set(s) - _ANNOTATIONS - {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties",
+                                           "required", "additionalProperties", "items", "prefixItems", "minItems",
+                                           "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+        if unknown:
+            raise self.refuse(where, f"the keyword {sorted(unknown)[0]!r} is not supported here")
+        if "$ref" in s:
+            return self.with_type(s, self.values(self.resolve(s["$ref"], where), where, depth + 1), where)
+        for key in ("anyOf", "oneOf", "allOf"):
+            if key in s:
+                branches = s[key]
+                if not isinstance(branches, list) or not branches:
+                    raise ConstraintError(f"invalid json schema: at {where}, {key} must be a non-empty array")
+                if key == "allOf" and len(branches) > 1:
+                    raise self.refuse(where, "allOf of more than one schema is not supported")
+                rest = set(s) - _ANNOTATIONS - {key}
+                if rest - {"type"}:
+                    raise self.refuse(where, f"{key} beside {sorted(rest - {'type'})[0]!r} is not supported")
+                out = []
+                for i, branch in enumerate(branches):  # as a constrained generate, oneOf is anyOf
+                    out += self.values(branch, f"{where}.{key}[{i}]", depth + 1)
+                    self.check_size(len(out), where)
+                return self.with_type(s, out, where)  # a sibling type narrows every branch
+        if "const" in s or "enum" in s:
+            found = [s["const"]] if "const" in s else s["enum"]
+            if not isinstance(found, list):
+                raise ConstraintError(f"invalid json schema: at {where}, enum must be an array")
+            if "const" in s and "enum" in s:
+                found = [v for v in found if any(_same(v, e) for e in s["enum"])]
+            return self.with_type(s, found, where)
+        types = s.get("type")
+        if types is None:
+            raise self.refuse(where, "no enum, const or type: any value is allowed")
+        out = []
+        for t in types if isinstance(types, list) else [types]:
+            out += self.of_type(t, s, where, depth)
+            self.check_size(len(out), where)
+        return out
+
+    def with_type(self, s: dict, found: list, where: str) -> list:
+        """Values given outright (enum, const, a $ref's), kept where the schema's type allows them."""
+        types = s.get("type")
+        if types is not None:
+            types = types if isinstance(types, list) else [types]
+            if any(t not in _TYPE_OF for t in types):
+                raise ConstraintError(f"invalid json schema: at {where}, unknown type {types!r}")
+            found = [v for v in found if any(_TYPE_OF[t](v) for t in types)]
+        self.check_size(len(found), where)
+        return found
+
+    def of_type(self, t, s: dict, where: str, depth: int) -> list:
+        if t == "null":
+            return [None]
+        if t == "boolean":
+            return [True, False]
+        if t == "integer":
+            if any(isinstance(s.get(k), bool) for k in ("exclusiveMinimum", "exclusiveMaximum")):
+                raise self.refuse(where, "draft-04's boolean exclusiveMinimum/exclusiveMaximum is not supported")
+            low, high = _bound(s, "minimum", "exclusiveMinimum", 1), _bound(s, "maximum", "exclusiveMaximum", -1)
+            if low is None or high is None:
+                raise self.refuse(where, "an integer without both a minimum and a maximum")
+            self.check_size(high - low + 1, where)
+            return list(range(low, high + 1))
+        if t == "object":
+            return self.objects(s, where, depth)
+        if t == "array":
+            return self.arrays(s, where, depth)
+        if t in ("string", "number"):
+            raise self.refuse(where, f"a {t} without enum or const")
+        raise ConstraintError(f"invalid json schema: at {where}, unknown type {t!r}")
+
+    def objects(self, s: dict, where: str, depth: int) -> list:
+        if s.get("additionalProperties", True) is not False:
+            raise self.refuse(where, "an object without \"additionalProperties\": false")
+        props, required = s.get("properties", {}), s.get("required", [])
+        missing = [k for k in required if k not in props]
+        if missing:
+            return []  # a required key no property allows
+        out = [{}]
+        for name, sub in props.items():
+            vals = self.values(sub, f"{where}.{name}", depth + 1)
+            options = [(name, v) for v in vals] + ([] if name in required else [None])
+            self.check_size(len(out) * len(options), where)
+            out = [{**o, name: kv[1]} if kv is not None else o for o in out for kv in options]
+        return out
+
+    def arrays(self, s: dict, where: str, depth: int) -> list:
+        prefix, items = s.get("prefixItems", []), s.get("items", True)
+        low = s.get("minItems", 0)
+        high = s.get("maxItems", len(prefix) if items is False else None)
+        if high is None:
+            raise self.refuse(where, "an array without maxItems")
+        high = min(high, len(prefix)) if items is False else high
+        slots = [self.values(p, f"{where}[{i}]", depth + 1) for i, p in enumerate(prefix[:high])]
+        if high > len(prefix):
+            rest = self.values(items, f"{where}[]", depth + 1)
+            slots += [rest] * (high - len(prefix))
+        out, arrays = [[]], []
+        for n in range(high + 1):
+            if n >= low:
+                arrays += out
+                self.check_size(len(arrays), where)
+            if n < high:
+                self.check_size(len(out) * len(slots[n]), where)
+                out = [a + [v] for a in out for v in slots[n]]
+        return arrays
+
+    def resolve(self, ref, where: str):
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise self.refuse(where, f"the $ref {ref!r} is not inside the schema")
+        node = self.root
+        for part in ref[1:].split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            try:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            except (KeyError, IndexError, ValueError, TypeError):
+                raise ConstraintError(f"invalid json schema: at {where}, $ref {ref!r} points nowhere") from None
+        return node
+
+
+def _as_generated(v) -> str:
+    """JSON text as llguidance's JSON grammar writes a value (checked against its matcher in
+    tests/test_structured.py): JSON_OPTIONS' separators, keys in order, non-ASCII as is but DEL
+    escaped, numbers as Rust prints them (no exponent, 1.0 as 1)."""
+    if v is None or isinstance(v, bool):
+        return "null" if v is None else "true" if v else "false"
+    if isinstance(v, int):
+        if not -(1 << 63) < v < 1 << 63:  # past i64 a constrained generate writes the nearest double
+            raise ConstraintError(f"the candidates' JSON schema has the integer {v}, outside the 64-bit range")
+        return str(v)
+    if isinstance(v, float):
+        from decimal import Decimal
+
+        if v != v or v in (float("inf"), float("-inf")):
+            raise ConstraintError("invalid json schema: NaN and Infinity are not JSON")
+        text = format(Decimal(repr(v)), "f")  # repr: the shortest digits that read back as v
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(v, list):
+        return "[" + JSON_OPTIONS["item_separator"].join(map(_as_generated, v)) + "]"
+    if isinstance(v, dict):
+        key = JSON_OPTIONS["key_separator"]
+        return "{" + JSON_OPTIONS["item_separator"].join(_as_generated(k) + key + _as_generated(x) for k, x in v.items()) + "}"
+    raise ConstraintError(f"invalid json schema: {type(v).__name__} is not a JSON value")
+
+
+def _bound(s: dict, inclusive: str, exclusive: str, step: int):
+    """An integer range's end from minimum/exclusiveMinimum (step 1) or maximum/exclusiveMaximum (-1)."""
+    import math
+
+    ends = []
+    for key, shift in ((inclusive, 0), (exclusive, step)):
+        v = s.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = math.ceil(v) if step > 0 else math.floor(v)
+            if key == exclusive and v == s[key]:
+                v += shift
+            ends.append(v)
+    if not ends:
+        return None
+    return max(ends) if step > 0 else min(ends)
+
+
+def _same(a, b) -> bool:
+    """JSON equality: 1 == 1.0, but true is not 1."""
+    return type(a) is type(b) and a == b or _TYPE_OF["number"](a) and _TYPE_OF["number"](b) and a == b
+
+
 def _llguidance():
     try:
         import llguidance

@@ -400,14 +400,27 @@ class Model:
 
     # -- system1 -------------------------------------------------------------------------------
 
-    def system1(self, prompt: Prompt, candidates: Sequence[str], import_kv: str | None = None,
-                export_kv: str | None = None) -> System1Result:
+    def system1(self, prompt: Prompt, candidates: Sequence[str] | None = None, import_kv: str | None = None,
+                export_kv: str | None = None, json_schema=None) -> System1Result:
         """Score every candidate continuation in one forward pass (see ops.Batch for the mask; a
         model with recurrent layers runs the prompt, then each candidate from its state).
-        import_kv / export_kv as for generate; the exported state holds the prompt alone."""
+        import_kv / export_kv as for generate; the exported state holds the prompt alone.
+
+        json_schema: instead of candidates, a JSON schema (a dict or JSON text) whose instances
+        form a finite set of at most constraints.MAX_INSTANCES (enum, const, boolean, bounded
+        integers, anyOf/oneOf, objects with additionalProperties false and bounded arrays of
+        those): its instances are the candidates, as JSON text the way generate with that schema
+        as a constraint writes them (constraints.schema_instances), scored as literal ones."""
+        timings = self.file.timings.fork()
+        if json_schema is not None:
+            if candidates:
+                raise ReflexError("give system1 candidates or a JSON schema of them, not both")
+            from .constraints import schema_instances
+
+            with timings.phase("constraint"):
+                candidates = schema_instances(json_schema)
         if not candidates:
             raise ReflexError("system1 needs at least one candidate")
-        timings = self.file.timings.fork()
         start = self._start(prompt, import_kv)
         p_ids = start.ids
         c_ids = [self.tokenize(c, add_bos=False) for c in candidates]

@@ -149,7 +149,7 @@ class Session:
 
     def _system1(self, request_id, args: dict) -> dict:
         state = {k: args[k] for k in ("import_kv", "export_kv") if k in args}
-        result = self.model.system1(_prompt(args), args["candidates"], **state)
+        result = self.model.system1(_prompt(args), args.get("candidates"), json_schema=args.get("json_schema"), **state)
         return _result(request_id, "system1", candidates=[c._asdict() for c in result.candidates], best=result.best,
                        entropy=result.entropy, usage={"prompt_tokens": result.prompt_tokens, "cached_tokens": result.cached_tokens},
                        timings=reported_phases(result.timings))

@@ -73,14 +73,14 @@ CONSTRAINT_FIELDS = {"json_schema": OBJECT, "json_object": BOOLEAN, "regex": STR
 FIELDS: dict[str, dict[str, Kind]] = {
     "generate": {**_PROMPT_FIELDS, **SAMPLING_FIELDS, "max_tokens": INTEGER, "stop": STOP, "ignore_eos": BOOLEAN,
                  "logprobs": BOOLEAN, "top_logprobs": INTEGER, "stream": BOOLEAN, **_STATE_FIELDS, **CONSTRAINT_FIELDS},
-    "system1": {**_PROMPT_FIELDS, "candidates": STRINGS, **_STATE_FIELDS},
+    "system1": {**_PROMPT_FIELDS, "candidates": STRINGS, "json_schema": OBJECT, **_STATE_FIELDS},  # one of the two
     "tokenize": {"text": STRING, "add_bos": BOOLEAN, "parse_special": BOOLEAN},
     "detokenize": {"ids": TOKEN_IDS},
     "info": {},
     "ping": {},
     "cancel": {},
 }
-REQUIRED = {"system1": ("candidates",), "tokenize": ("text",), "detokenize": ("ids",)}
+REQUIRED = {"tokenize": ("text",), "detokenize": ("ids",)}
 
 
 class Request(NamedTuple):
@@ -121,6 +121,9 @@ def parse(line) -> Request:
             raise refuse("invalid_request", f"{op} needs {name!r}", name)
     if "prompt" in fields and ("prompt" in args) == ("messages" in args):
         raise refuse("invalid_request", f'{op} needs either "prompt" or "messages"')
+    if op == "system1" and ("candidates" in args) == ("json_schema" in args):
+        raise refuse("invalid_request", 'system1 needs either "candidates" or "json_schema" (whose instances are the candidates)',
+                     "candidates")
     if sum(args.get(name, False) is not False for name in CONSTRAINT_FIELDS) > 1:  # "json_object": false is none
         raise refuse("invalid_request", f"give at most one of {', '.join(CONSTRAINT_FIELDS)}")
     return Request(request_id, op, args)
