@@ -8,27 +8,17 @@ llama.cpp-style top-k, min-p and repeat penalty are switched off unless a reques
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
 from dataclasses import dataclass, field
 
-
-class APIError(Exception):
-    """An error answered in OpenAI's format: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, param=param, code=code)
+from . import structured
+from .chat_output import Piece
+from .errors import APIError, bad, type_error
+from .structured import Tools
+from .template import template_variables
 
 
 @dataclass
@@ -50,25 +40,39 @@ class Call:
     logprobs: bool = False
     top_logprobs: int = 0
     stop: list[str] = field(default_factory=list)
+    tools: Tools | None = None  # chat: the tools offered (none with tool_choice "none")
+    response_format: dict | None = None  # chat: the engine's constraint field for it
+    template_variables: dict = field(default_factory=dict)  # chat: chat_template_kwargs
+
+    @property
+    def constraint_param(self) -> str:
+        """The parameter a constraint the engine refuses came from."""
+        return "tools" if self.tools is not None and (self.tools.forced or not self.response_format) else "response_format"
+
+    @property
+    def renders_here(self) -> bool:
+        """Whether the prompt needs what the engine's `messages` cannot take (template.py)."""
+        return self.tools is not None or bool(self.template_variables)
 
 
 # -- parameters ------------------------------------------------------------------------------------
 
 # Parameters of OpenAI's API we do not implement: accepted only when null or this neutral value.
 _CHAT_UNSUPPORTED = {"audio": None, "function_call": None, "functions": None, "modalities": None, "moderation": None,
-                     "parallel_tool_calls": None, "prediction": None, "reasoning_effort": None,
-                     "response_format": {"type": "text"}, "service_tier": None, "store": False, "tool_choice": None,
-                     "tools": None, "verbosity": None, "web_search_options": None, "metadata": None,
+                     "prediction": None, "reasoning_effort": None,
+                     "service_tier": None, "store": False, "verbosity": None, "web_search_options": None, "metadata": None,
                      "prompt_cache_key": None, "prompt_cache_retention": None, "safety_identifier": None,
                      "frequency_penalty": 0, "logit_bias": {}, "n": 1}
 _COMPLETION_UNSUPPORTED = {"echo": False, "suffix": None, "best_of": 1, "frequency_penalty": 0, "logit_bias": {}, "n": 1}
 _IGNORED = {"user"}  # an end-user id for abuse monitoring: nothing for us to do with it
 _CHAT_FIELDS = {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
-                "top_p", "stop", "seed", "logprobs", "top_logprobs", "presence_penalty"}
+                "top_p", "stop", "seed", "logprobs", "top_logprobs", "presence_penalty", "tools", "tool_choice",
+                "parallel_tool_calls", "response_format",
+                "chat_template_kwargs"}  # vLLM's name for the chat template's variables
 _COMPLETION_FIELDS = {"model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "stop", "seed",
                       "logprobs", "presence_penalty"}
 EXTENSIONS = {"top_k", "min_p", "repetition_penalty", "ignore_eos"}  # vLLM's names for the engine's extra samplers
-ROLES = {"system", "developer", "user", "assistant"}
+ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_STOPS = 4  # OpenAI's limit
 FALLBACK_STOP = "\nUser:"
 
@@ -83,8 +87,12 @@ def parse_chat(body: dict, defaults: Defaults) -> Call:
     top_logprobs = _int(body, "top_logprobs", lo=0, hi=20)
     if top_logprobs is not None and not logprobs:
         raise bad("logprobs must be true when top_logprobs is given", "top_logprobs")
-    return _call("chat", body, defaults, {"messages": messages}, max_tokens=max_tokens, default_max=-1,
+    call = _call("chat", body, defaults, {"messages": messages}, max_tokens=max_tokens, default_max=-1,
                  logprobs=logprobs, top_logprobs=top_logprobs or 0)
+    call.tools = structured.parse_tools(body)
+    call.response_format = structured.parse_response_format(body.get("response_format"))
+    call.template_variables = template_variables(body.get("chat_template_kwargs"))
+    return call
 
 
 def parse_completion(body: dict, defaults: Defaults) -> Call:
@@ -100,7 +108,7 @@ def _call(kind: str, body: dict, defaults: Defaults, prompt: dict, *, max_tokens
     if model is None:
         raise bad("you must provide a model parameter", "model")
     if not isinstance(model, str):
-        raise _type_error("model", "a string")
+        raise type_error("model", "a string")
     stream = _bool(body, "stream") or False
     options = body.get("stream_options")
     if options is not None and not stream:
@@ -108,7 +116,7 @@ def _call(kind: str, body: dict, defaults: Defaults, prompt: dict, *, max_tokens
     include_usage = False
     if options is not None:
         if not isinstance(options, dict):
-            raise _type_error("stream_options", "an object")
+            raise type_error("stream_options", "an object")
         for key in options:
             if key != "include_usage":
                 raise bad(f"stream_options.{key} is not supported by this server", f"stream_options.{key}")
@@ -157,14 +165,10 @@ def _or(value, default):
     return default if value is None else value
 
 
-def _type_error(name: str, expected: str) -> APIError:
-    return bad(f"Invalid type for '{name}': expected {expected}", name, "invalid_type")
-
-
 def _bool(body: dict, name: str, param: str | None = None):
     value = body.get(name)
     if value is not None and not isinstance(value, bool):
-        raise _type_error(param or name, "a boolean")
+        raise type_error(param or name, "a boolean")
     return value
 
 
@@ -175,7 +179,7 @@ def _int(body: dict, name: str, lo: int | None = None, hi: int | None = None):
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _type_error(name, "an integer")
+        raise type_error(name, "an integer")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise bad(f"Invalid '{name}': {value} is out of range ({_range(lo, hi)})", name, "invalid_value")
     return value
@@ -186,7 +190,7 @@ def _number(body: dict, name: str, lo=None, hi=None, lo_open: bool = False):
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
-        raise _type_error(name, "a number")
+        raise type_error(name, "a number")
     if (lo is not None and (value <= lo if lo_open else value < lo)) or (hi is not None and value > hi):
         raise bad(f"Invalid '{name}': {value} is out of range ({_range(lo, hi, lo_open)})", name, "invalid_value")
     return float(value)
@@ -210,7 +214,7 @@ def _stop(value) -> list[str]:
         return []
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise _type_error("stop", "a string or an array of strings")
+        raise type_error("stop", "a string or an array of strings")
     if len(stops) > MAX_STOPS:
         raise bad(f"Invalid 'stop': at most {MAX_STOPS} sequences", "stop", "invalid_value")
     if any(not s for s in stops):
@@ -222,7 +226,7 @@ def _messages(value) -> list[dict]:
     if value is None:
         raise bad("Missing required parameter: 'messages'", "messages", "missing_required_parameter")
     if not isinstance(value, list):
-        raise _type_error("messages", "an array")
+        raise type_error("messages", "an array")
     if not value:
         raise bad("Invalid 'messages': empty array. Expected an array with minimum length 1", "messages", "empty_array")
     return [_message(m, f"messages[{i}]") for i, m in enumerate(value)]
@@ -230,26 +234,63 @@ def _messages(value) -> list[dict]:
 
 def _message(message, where: str) -> dict:
     if not isinstance(message, dict):
-        raise _type_error(where, "an object")
+        raise type_error(where, "an object")
     role = message.get("role")
     if not isinstance(role, str):
         raise bad(f"Missing or invalid '{where}.role'", f"{where}.role")
-    if role in ("tool", "function"):
-        raise bad(f"'{where}.role': {role} messages are not supported (this server has no tool calling)",
+    if role == "function":
+        raise bad(f"'{where}.role': function messages (deprecated) are not supported: use tool messages",
                   f"{where}.role", "unsupported_value")
     if role not in ROLES:
         raise bad(f"Invalid '{where}.role': {role!r} is not one of {sorted(ROLES)}", f"{where}.role", "invalid_value")
-    out = {"role": "system" if role == "developer" else role, "content": _content(message.get("content"), where)}
+    calls = _tool_calls(message["tool_calls"], where) if role == "assistant" and message.get("tool_calls") else None
+    content = message.get("content")
+    # an assistant turn that only calls tools has no content; templates read "" (transformers' do too)
+    out = {"role": "system" if role == "developer" else role,
+           "content": "" if content is None and calls else _content(content, where)}
+    if calls:
+        out["tool_calls"] = calls
+    fields = {"name": True, "tool_calls": role == "assistant", "reasoning_content": role == "assistant",
+              "tool_call_id": role == "tool"}
     for key, value in message.items():
-        if key in ("role", "content"):
+        if key in ("role", "content", "tool_calls") or value is None:
             continue
-        if key == "name":
-            if not isinstance(value, str):
-                raise _type_error(f"{where}.name", "a string")
-            out["name"] = value
-        elif value is not None:
+        if not fields.get(key):
             raise bad(f"'{where}.{key}' is not supported by this server", f"{where}.{key}", "unsupported_parameter")
+        if not isinstance(value, str):
+            raise type_error(f"{where}.{key}", "a string")
+        out[key] = value
+    if role == "tool" and "tool_call_id" not in out:
+        raise bad(f"Missing required parameter: '{where}.tool_call_id'", f"{where}.tool_call_id",
+                  "missing_required_parameter")
     return out
+
+
+def _tool_calls(value, where: str) -> list[dict]:
+    """An assistant message's tool calls, their arguments read as JSON (the form templates render)."""
+    if not isinstance(value, list):
+        raise type_error(f"{where}.tool_calls", "an array")
+    calls = []
+    for i, call in enumerate(value):
+        at = f"{where}.tool_calls[{i}]"
+        if not (isinstance(call, dict) and call.get("type", "function") == "function"
+                and isinstance(call.get("function"), dict)):
+            raise type_error(at, "a function tool call object")
+        function, call_id = call["function"], call.get("id")
+        if not isinstance(function.get("name"), str):
+            raise type_error(f"{at}.function.name", "a string")
+        if not isinstance(function.get("arguments"), str):
+            raise type_error(f"{at}.function.arguments", "a string of JSON")
+        if call_id is not None and not isinstance(call_id, str):
+            raise type_error(f"{at}.id", "a string")
+        try:
+            arguments = json.loads(function["arguments"])
+        except ValueError:
+            raise bad(f"Invalid '{at}.function.arguments': not valid JSON", f"{at}.function.arguments",
+                      "invalid_value") from None
+        calls.append({**({"id": call_id} if call_id else {}), "type": "function",
+                      "function": {"name": function["name"], "arguments": arguments}})
+    return calls
 
 
 def _content(content, where: str) -> str:
@@ -259,12 +300,12 @@ def _content(content, where: str) -> str:
         texts = []
         for i, part in enumerate(content):
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                raise _type_error(f"{where}.content[{i}]", "a content part object")
+                raise type_error(f"{where}.content[{i}]", "a content part object")
             if part["type"] != "text":
                 raise bad(f"'{where}.content[{i}]': {part['type']} content is not supported (text only)",
                           f"{where}.content[{i}].type", "unsupported_value")
             if not isinstance(part.get("text"), str):
-                raise _type_error(f"{where}.content[{i}].text", "a string")
+                raise type_error(f"{where}.content[{i}].text", "a string")
             texts.append(part["text"])
         return "\n".join(texts)
     raise bad(f"Missing or invalid '{where}.content': expected a string or an array of text parts",
@@ -283,7 +324,7 @@ def _prompt(value):
         raise bad("Missing required parameter: 'prompt'", "prompt", "missing_required_parameter")
     if isinstance(value, list) and len(value) > 1 and all(isinstance(p, (str, list)) for p in value):
         raise bad("Invalid 'prompt': one prompt per request (this server does not batch)", "prompt", "unsupported_value")
-    raise _type_error("prompt", "a string, an array of token ids, or an array holding one of those")
+    raise type_error("prompt", "a string, an array of token ids, or an array holding one of those")
 
 
 def fallback_prompt(messages: list[dict]) -> str:
@@ -302,6 +343,8 @@ def engine_error(code: str, message: str, field: str | None, call: Call) -> APIE
         return bad(message, "messages" if call.kind == "chat" else "prompt", "context_length_exceeded")
     if code in ("invalid_request", "wrong_type", "unknown_field", "invalid_json"):
         return bad(message, _PARAM_NAMES.get(field, field))
+    if code == "invalid_constraint":  # a schema the grammar engine cannot compile
+        return bad(message, call.constraint_param, "invalid_constraint")
     if code == "device_lost":
         return APIError(503, f"the engine lost its device: {message}", type="server_error", code="engine_unavailable")
     return APIError(500, f"the engine failed: {message}", type="server_error", code="engine_error")
@@ -357,30 +400,61 @@ def completion_logprobs(steps: list[dict], texts: list[str], offset: int = 0) ->
             "text_offset": offsets}
 
 
-def response(call: Call, meta: Meta, result: dict, logprobs: dict | None) -> dict:
+def finish_reason(result: dict, called: bool) -> str:
+    """OpenAI's finish_reason; "tool_calls" when the model ended its answer with tool calls."""
     finish = FINISH_REASONS[result["finish_reason"]]
+    return "tool_calls" if called and finish == "stop" else finish
+
+
+def chat_message(pieces: list[Piece]) -> dict:
+    """The assistant message the output's pieces (chat_output.py) make."""
+    content = "".join(p.text for p in pieces if p.kind == "content")
+    calls = [p.call for p in pieces if p.call]
+    message = {"role": "assistant", "content": content or (None if calls else ""), "refusal": None}
+    if calls:
+        message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in calls]
+    reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
+    if reasoning:
+        message["reasoning_content"] = reasoning  # vLLM's and DeepSeek's name
+    return message
+
+
+def piece_deltas(piece: Piece, index: int) -> list[dict]:
+    """A piece as stream deltas; a tool call (the index-th) as OpenAI streams one: its index, id and
+    name first, then its arguments."""
+    if piece.call is None:
+        return [{"reasoning_content" if piece.kind == "reasoning" else "content": piece.text}]
+    call = piece.call
+    return [{"tool_calls": [{"index": index, "id": call.id, "type": "function",
+                             "function": {"name": call.name, "arguments": ""}}]},
+            {"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]}]
+
+
+ROLE_DELTA = {"role": "assistant", "content": "", "refusal": None}  # a chat stream's first delta
+
+
+def response(call: Call, meta: Meta, result: dict, logprobs: dict | None, pieces: list[Piece] = ()) -> dict:
+    """The whole answer; a chat's message is made of the output's pieces."""
     if call.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": result["text"], "refusal": None},
-                  "logprobs": logprobs, "finish_reason": finish}
+        message = chat_message(list(pieces))
+        choice = {"index": 0, "message": message, "logprobs": logprobs,
+                  "finish_reason": finish_reason(result, "tool_calls" in message)}
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": result["text"], "logprobs": logprobs, "finish_reason": finish}
+        choice = {"index": 0, "text": result["text"], "logprobs": logprobs,
+                  "finish_reason": finish_reason(result, False)}
         obj = "text_completion"
     return {"id": meta.id, "object": obj, "created": meta.created, "model": meta.model,
             "system_fingerprint": meta.system_fingerprint, "choices": [choice], "usage": usage(result)}
 
 
-def chunk(call: Call, meta: Meta, *, text: str | None = None, role: bool = False, finish: str | None = None,
+def chunk(call: Call, meta: Meta, *, text: str | None = None, delta: dict | None = None, finish: str | None = None,
           logprobs: dict | None = None, usage: dict | None = None, final_usage: bool = False) -> dict:
-    """One streamed object: a piece of text, the opening role (chat), the finish, or the usage."""
+    """One streamed object: a chat's delta or a completion's text, the finish, or the usage."""
     if call.kind == "chat":
         obj = "chat.completion.chunk"
-        delta = {}
-        if role:
-            delta = {"role": "assistant", "content": "", "refusal": None}
-        elif text is not None:
-            delta = {"content": text}
-        choices = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
+        choices = [{"index": 0, "delta": delta or {}, "logprobs": logprobs, "finish_reason": finish}]
     else:
         obj = "text_completion"
         choices = [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]

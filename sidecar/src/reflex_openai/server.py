@@ -20,11 +20,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import api
+from . import api, structured
 from .api import APIError
+from .chat_output import ChatOutput
 from .config import Config
 from .engine import Busy, Engine, EngineError, Turn, Unavailable
 from .metrics import CONTENT_TYPE, Metrics
+from .template import LocalTemplate
 
 MAX_BODY_BYTES = 32 << 20  # the engine takes request lines up to 16 MiB
 HEALTH_PATHS = ("/ping", "/healthz")
@@ -44,6 +46,7 @@ class Sidecar:
         self.exit_status = 0
         self.server = None  # the uvicorn.Server, told to stop once the engine has died
         self.created = int(time.time())
+        self._templates: dict[str, LocalTemplate] = {}  # the engine's model file -> its template, opened here
         routes = [Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/models", self.models, methods=["GET"]),
@@ -150,6 +153,33 @@ class Sidecar:
     async def completions(self, request: Request) -> Response:
         return await self._complete(request, api.parse_completion)
 
+    async def engine_request(self, call: api.Call) -> dict:
+        """The engine's generate request for a call: its constraint, and its prompt as the engine renders
+        it, or rendered here (template.py) when the template needs tools or variables."""
+        request = call.request
+        if call.kind != "chat":
+            return request
+        if not self.engine.info.get("chat_template"):
+            if call.renders_here:
+                raise api.bad("this model file has no chat template to render tools or chat_template_kwargs with",
+                              "tools" if call.tools else "chat_template_kwargs")
+            request = {k: v for k, v in request.items() if k != "messages"}
+            return {**request, "prompt": api.fallback_prompt(call.request["messages"]),
+                    "stop": [*call.stop, api.FALLBACK_STOP], **(call.response_format or {})}
+        template = await self._template() if call.renders_here else None
+        request = {**request, **structured.constraint(call.tools, call.response_format, template and template.term)}
+        if template is None:
+            return request
+        tools = call.tools.functions if call.tools else None
+        ids = await asyncio.to_thread(template.prompt_ids, request.pop("messages"), tools, call.template_variables)
+        return {**request, "prompt": ids}
+
+    async def _template(self) -> LocalTemplate:
+        path = self.engine.info["model"]
+        if path not in self._templates:
+            self._templates = {path: await asyncio.to_thread(LocalTemplate, path)}
+        return self._templates[path]
+
     async def _complete(self, request: Request, parse) -> Response:
         self._authorize(request)
         call = parse(await _json_body(request), self.cfg.defaults)
@@ -187,19 +217,16 @@ class Run:
         self.sidecar, self.call, self.turn, self.arrived = sidecar, call, turn, arrived
         self.meta = api.Meta.new(call, sidecar.cfg.name, f"reflex-{sidecar.engine.info.get('engine_version', '')}-"
                                  f"{sidecar.engine.info.get('device', '')}")
-        self.lines = turn.stream({**self._request(), "stream": True})  # streamed always: TTFT and cancel for all
+        self.lines = None  # the engine's lines, once the request is sent
         self.steps: list[dict] = []  # token lines that carry a token (and its logprobs)
         self.first_at: float | None = None
-
-    def _request(self) -> dict:
-        request = self.call.request
-        if "messages" in request and not self.sidecar.engine.info.get("chat_template"):
-            request = {k: v for k, v in request.items() if k != "messages"}
-            request["prompt"] = api.fallback_prompt(self.call.request["messages"])
-            request["stop"] = [*self.call.stop, api.FALLBACK_STOP]
-        return request
+        self.output = ChatOutput(tools=call.tools is not None) if call.kind == "chat" else None
+        self.calls = 0  # tool calls streamed so far
 
     async def next_line(self) -> dict:
+        if self.lines is None:
+            request = await self.sidecar.engine_request(self.call)
+            self.lines = self.turn.stream({**request, "stream": True})  # streamed always: TTFT and cancel for all
         line = await anext(self.lines)
         if line["type"] == "token":
             if line["token"] is not None:
@@ -227,7 +254,19 @@ class Run:
     async def collect(self) -> dict:
         while (line := await self.next_line())["type"] == "token":
             pass
-        return api.response(self.call, self.meta, line, await self.logprobs())
+        pieces = self.output.feed(line["text"]) + self.output.finish() if self.output else []
+        return api.response(self.call, self.meta, line, await self.logprobs(), pieces)
+
+    def _released(self, text: str | None) -> list[bytes]:
+        """The events for text the engine released (None: the end): a completion's as it came, a chat's
+        split into reasoning, content and tool calls."""
+        if self.output is None:
+            return [_sse(api.chunk(self.call, self.meta, text=text))] if text else []
+        events = []
+        for piece in self.output.finish() if text is None else self.output.feed(text):
+            events += [_sse(api.chunk(self.call, self.meta, delta=d)) for d in api.piece_deltas(piece, self.calls)]
+            self.calls += piece.call is not None
+        return events
 
     async def events(self, line: dict):
         """The SSE stream, from the first line on. Each token's text goes out as it comes; log-probabilities,
@@ -235,12 +274,14 @@ class Run:
         call, meta = self.call, self.meta
         try:
             if call.kind == "chat":
-                yield _sse(api.chunk(call, meta, role=True))
+                yield _sse(api.chunk(call, meta, delta=api.ROLE_DELTA))
             while line["type"] == "token":
-                if line["text"]:
-                    yield _sse(api.chunk(call, meta, text=line["text"]))
+                for event in self._released(line["text"]):
+                    yield event
                 line = await self.next_line()
-            finish = api.FINISH_REASONS[line["finish_reason"]]
+            for event in self._released(None):
+                yield event
+            finish = api.finish_reason(line, self.calls > 0)
             yield _sse(api.chunk(call, meta, finish=finish, logprobs=await self.logprobs()))
             if call.include_usage:
                 yield _sse(api.chunk(call, meta, usage=api.usage(line), final_usage=True))
