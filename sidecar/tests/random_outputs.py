@@ -1,0 +1,70 @@
+"""Random chat outputs in Qwen3's markup, and what an OpenAI client should get from each: written
+from the markup's definition (Qwen3's chat template and its tool-call instructions), not from the
+sidecar's parser. Texts mix in pieces of the markers (`<tool`, `</think`, `<`) so that text held
+back as a possible marker is exercised; whole markers appear only where they mean something.
+"""
+import json
+import random
+
+MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+PARTS = ["a", "Z", "7", " ", "  ", "\n", "\t", "<", ">", "/", "<tool", "</think", "<think", "tool_call>", "{", "}",
+         '"', "é", "日本", "😀", "\\", "call"]
+BLANKS = ["", " ", "\n", "\n\n", " \n"]
+
+
+def text(rng: random.Random, n: int = 12) -> str:
+    """Random text that begins and ends with a non-blank and holds no whole marker."""
+    while True:
+        out = "".join(rng.choice(PARTS) for _ in range(rng.randint(1, n))).strip()
+        if out and not any(m in out for m in MARKERS):
+            return out
+
+
+def value(rng: random.Random, depth: int = 0):
+    kind = rng.choice(["int", "str", "bool", "null", "list", "dict"] if depth < 2 else ["int", "str", "bool"])
+    if kind == "int":
+        return rng.randint(-10 ** 6, 10 ** 6)
+    if kind == "str":
+        return text(rng, 4)
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    if kind == "list":
+        return [value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {text(rng, 2): value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+
+
+def output(rng: random.Random, names: list[str]) -> tuple[str, dict]:
+    """A model's output and the message it means when tools were offered: reasoning, content and
+    tool calls ({"name", "arguments"} with arguments as the JSON text OpenAI's API carries)."""
+    reasoning = text(rng) if rng.random() < 0.6 else None
+    content = text(rng) if rng.random() < 0.7 else ""
+    calls = [{"name": rng.choice(names), "arguments": {text(rng, 2): value(rng) for _ in range(rng.randint(0, 3))}}
+             for _ in range(rng.randint(0, 2))]
+    out = ""
+    if reasoning is not None:
+        out += "<think>" + rng.choice(BLANKS) + reasoning + rng.choice(BLANKS) + "</think>" + rng.choice(BLANKS)
+    out += content
+    for call in calls:
+        separators = rng.choice([(", ", ": "), (",", ":")])
+        body = json.dumps({"name": call["name"], "arguments": call["arguments"]}, ensure_ascii=rng.random() < 0.5,
+                          separators=separators)
+        out += rng.choice(BLANKS) + "<tool_call>" + rng.choice(BLANKS) + body + rng.choice(BLANKS) + "</tool_call>"
+    out += rng.choice(BLANKS) if calls else ""
+    expected = {"reasoning": reasoning, "content": content or (None if calls else ""),
+                "calls": [{"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)} for c in calls]}
+    return out, expected
+
+
+def without_tools(out: str, expected: dict) -> str:
+    """The content when no tools were offered: everything after the reasoning, markup and all."""
+    if expected["reasoning"] is None:
+        return out
+    return out.split("</think>", 1)[1].lstrip()
+
+
+def split(rng: random.Random, out: str) -> list[str]:
+    """The text cut at random places, as an engine releases it token by token."""
+    cuts = sorted(rng.sample(range(1, len(out)), min(len(out) - 1, rng.randint(0, len(out))))) if len(out) > 1 else []
+    return [out[a:b] for a, b in zip([0, *cuts], [*cuts, len(out)])]
