@@ -8,9 +8,12 @@
 #               and llama.cpp's llama-bench on the same files, after llama.cpp is built
 #   COLD=1      the cold-start harness (bench/cold_start.py) beside the floor and llama.cpp
 #   WITH_LLAMA=0  BENCH and COLD without llama.cpp, so without its build
-#   MOE=1       BENCH and COLD also on a Qwen3-30B-A3B-shaped file (COLD: 16-token prompt, its own table)
+#   MOE=1       BENCH and COLD also on MoE-shaped files, MOE_SHAPES (default: 30b-a3b dsv2-lite, that is
+#               Qwen3-30B-A3B and DeepSeek-V2-Lite, Q4_K_M only; COLD: 16-token prompt, one table of their own)
+#   HYBRID=1    BENCH and COLD also on a Qwen3.5-0.8B-shaped file (qwen35: Gated DeltaNet + gated attention;
+#               BENCH in QUANTS; COLD: 16- and 1,024-token prompts, its own table)
 #   SIDECAR=1   with COLD: the sidecar's cold start (sidecar/tools/cold_start.py, its wheels in .whl/)
-#   RESERVE_S   with COLD: seconds the main harness leaves for the MoE and sidecar runs after it
+#   RESERVE_S   with COLD: seconds the main harness leaves for the MoE, hybrid and sidecar runs after it
 #   SMOLLM2=1   SmolLM2 on CUDA, from .smollm2/ pieces gathered over consecutive warm calls
 # llama.cpp builds in the background from the first second when BENCH or COLD asks for it; no
 # timing starts before that build ends. Results under $OUT (at most 8 files come back).
@@ -92,14 +95,16 @@ if [ "${SMOLLM2:-0}" = 1 ]; then
     fi
 fi
 
-model_file() { echo "/tmp/qwen3-$1-$2.gguf"; }
+model_file() { case $1 in dsv2-lite|qwen35-*) echo "/tmp/$1-$2.gguf" ;; *) echo "/tmp/qwen3-$1-$2.gguf" ;; esac; }
+MOE_SHAPES=${MOE_SHAPES:-30b-a3b dsv2-lite}
+q4_only() { case " $MOE_SHAPES " in *" $1 "*) return 0 ;; esac; return 1; }  # the MoE files: Q4_K_M alone
 if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ]; then
     tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
     QUANTS=${QUANTS:-q4_k_m}
-    SHAPES="0.6b 8b"; [ "${MOE:-0}" = 1 ] && SHAPES="$SHAPES 30b-a3b"
+    SHAPES="0.6b 8b"; [ "${MOE:-0}" = 1 ] && SHAPES="$SHAPES $MOE_SHAPES"; [ "${HYBRID:-0}" = 1 ] && SHAPES="$SHAPES qwen35-0.8b"
     for shape in $SHAPES; do
         for quant in $QUANTS; do
-            [ "$shape" = 30b-a3b ] && [ "$quant" != q4_k_m ] && continue
+            q4_only $shape && [ "$quant" != q4_k_m ] && continue
             f=$(model_file $shape $quant)
             [ -f "$f" ] || python3 tools/make_bench_model.py /tmp/peer-vocab.gguf "$f" --shape $shape --quant $quant 2>&1 | tail -1
         done
@@ -111,7 +116,7 @@ if [ "${BENCH:-0}" = 1 ]; then
     wait_peer
     for quant in $QUANTS; do
         for shape in $SHAPES; do
-            [ "$shape" = 30b-a3b ] && [ "$quant" != q4_k_m ] && continue
+            q4_only $shape && [ "$quant" != q4_k_m ] && continue
             f=$(model_file $shape $quant)
             [ "$(elapsed)" -gt $(( END - 90 )) ] && { echo "bench: no time left for $shape $quant"; continue; }
             echo "## $shape $quant at $(elapsed) s" | tee -a "$LOG"
@@ -133,10 +138,17 @@ if [ "${COLD:-0}" = 1 ]; then
     python3 bench/cold_start.py --model 0.6b="$(model_file 0.6b q4_k_m)" --model 8b="$(model_file 8b q4_k_m)" \
         $llama_bin --floor-bin /tmp/floor --python /tmp/cold-venv/bin/python --n "${COLD_N:-10}" \
         --deadline-s $(( END - $(elapsed) - ${RESERVE_S:-0} )) --out "$OUT/cold" 2>&1 | tail -60
-    if [ "${MOE:-0}" = 1 ]; then
-        python3 bench/cold_start.py --model 30b-a3b="$(model_file 30b-a3b q4_k_m)" --prompt-tokens 16 \
+    left() { echo $(( END - $(elapsed) - ${SIDECAR:-0} * 40 )); }  # the sidecar's 40 s kept
+    if [ "${MOE:-0}" = 1 ]; then  # half of what is left when the hybrid run follows
+        moe_models=; for shape in $MOE_SHAPES; do moe_models="$moe_models --model $shape=$(model_file $shape q4_k_m)"; done
+        python3 bench/cold_start.py $moe_models --prompt-tokens 16 \
             $llama_bin --floor-bin /tmp/floor --python /tmp/cold-venv/bin/python --n "${COLD_N:-10}" \
-            --deadline-s $(( END - $(elapsed) - ${SIDECAR:-0} * 40 )) --out "$OUT/cold-moe" 2>&1 | tail -30
+            --deadline-s $(( $(left) / (1 + ${HYBRID:-0}) )) --out "$OUT/cold-moe" 2>&1 | tail -30
+    fi
+    if [ "${HYBRID:-0}" = 1 ]; then
+        python3 bench/cold_start.py --model qwen35-0.8b="$(model_file qwen35-0.8b q4_k_m)" \
+            $llama_bin --floor-bin /tmp/floor --python /tmp/cold-venv/bin/python --n "${COLD_N:-10}" \
+            --deadline-s "$(left)" --out "$OUT/cold-hybrid" 2>&1 | tail -30
     fi
     if [ "${SIDECAR:-0}" = 1 ]; then  # the system python3, for the sidecar and the bare engine alike
         PYTHONPATH=$ROOT/sidecar/src:$PYTHONPATH python3 sidecar/tools/cold_start.py "$(model_file 0.6b q4_k_m)" --device cuda \
