@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from reflex_engine.backends.cpu import CpuOps
-from reflex_engine.backends.cuda.ops import MATVEC_PASSES_MAX_TOKENS, X16_MATVEC_TYPES
+from reflex_engine.backends.cuda.ops import MATVEC_MAX_ROWS, MATVEC_PASSES_MAX_TOKENS, X16_MATVEC_TYPES
 from reflex_engine.gguf import GGML_BLOCK, GGMLType
 from reflex_engine.ops import Batch, CacheShape, Rope, RopeMode
 from reflex_engine.sampling import SamplingParams
@@ -95,6 +95,8 @@ def test_matmul_matches_dequantized_reference(gpu, qtype, n_tok):
             got = gpu.to_host(gpu.matmul(host(gpu, x), w_gpu))
             if n_tok <= MATVEC_PASSES_MAX_TOKENS:  # matvec passes: float32 throughout, of x as they round it
                 assert rel_err(got, cpu.matmul(matvec_input(qtype, x), w_cpu).astype(np.float64)) < 1e-5, (qtype, n_rows)
+            elif n_rows <= MATVEC_MAX_ROWS:  # so are small matrices' at any length, of x unrounded
+                assert rel_err(got, cpu.matmul(x, w_cpu).astype(np.float64)) < 1e-5, (qtype, n_rows)
             else:  # the GEMMs round operands to f16
                 assert rel_err(got, cpu.matmul(x, w_cpu).astype(np.float64)) < 3e-3, (qtype, n_rows)
 

@@ -15,7 +15,6 @@ from reflex_engine.errors import ReflexError
 from reflex_engine.ops import Batch, CacheShape, RecurrentShape
 from reflex_engine.sampling import SamplingParams
 from model_files import rewrite, run_cli
-from test_cuda_errors import fake, run  # noqa: F401 (fake is a fixture)
 from test_goldens import paths
 
 ops = CpuOps()
@@ -303,6 +302,25 @@ def test_kv_state_files_carry_the_recurrent_state(tmp_path):
     assert rest.cached_tokens == n and first.tokens + rest.tokens == whole.tokens
 
 
+def test_f16_keys_and_values_beside_f32_states_import_on_the_cpu(tmp_path):
+    """As the CUDA backend writes a hybrid's state: its cache's f16 K and V, the states' f32."""
+    model = reflex_engine.load(paths("qwen35", "Q8_0")[0], device="cpu", n_ctx=64)
+    whole = model.generate("Hello there", max_tokens=7, sampling=GREEDY, ignore_eos=True)
+    list(whole)
+    first = model.generate("Hello there", max_tokens=4, sampling=GREEDY, ignore_eos=True, export_kv=str(tmp_path / "a.kv"))
+    list(first)
+    state = model._read_state(str(tmp_path / "a.kv"))
+    with kvstate.mapped_arrays(state, len(state.tokens)) as arrays:
+        mixed = [a._replace(dtype="f16", data=np.frombuffer(a.data, "<f4").astype("<f2")) if a.name.endswith((".k", ".v"))
+                 else a for a in arrays.values()]
+        kvstate.write_state(str(tmp_path / "b.kv"), fingerprint=model.state_fingerprint, architecture="qwen35",
+                            tokens=state.tokens, pending=state.pending, sampler=None, arrays=mixed)
+    assert {d for _, d, _, _ in model._read_state(str(tmp_path / "b.kv")).arrays} == {"f16", "f32"}
+    rest = model.generate("", max_tokens=3, sampling=GREEDY, ignore_eos=True, import_kv=str(tmp_path / "b.kv"))
+    list(rest)
+    assert first.tokens + rest.tokens == whole.tokens
+
+
 def test_a_baked_prompt_serves_only_prompts_that_continue_past_it(tmp_path):
     model = reflex_engine.load(paths("qwen35", "F32")[0], device="cpu")
     baked = model.bake_prompt("The engine reads the file", str(tmp_path / "b.kv"))
@@ -334,15 +352,6 @@ def test_the_cli_runs_generate_system1_and_check(tmp_path):
     assert check.returncode == 0 and check.stdout.rstrip().split("\n")[-1].startswith("REFLEX_CHECK_OK"), check.stdout
 
 
-@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
-def test_cuda_refuses_the_hybrids_in_one_line_and_auto_takes_the_cpu(fake, capsys, arch):
-    fake()
-    model_path = paths(arch, "Q8_0")[0]
-    code, err = run(capsys, "generate", model_path, "hi", "--device", "cuda", "-n", "1")
-    assert code == 1 and err == [f"reflex: error: {arch} runs on the CPU backend for now: use --device cpu"]
-    assert reflex_engine.load(model_path, device="auto").ops.name == "cpu"
-
-
 def test_the_hybrid_architecture_code_imports_no_numpy():
     import subprocess
     import sys
@@ -352,11 +361,18 @@ def test_the_hybrid_architecture_code_imports_no_numpy():
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
-def test_bench_counts_kv_bytes_of_the_attention_layers_only():
-    from reflex_engine.bench import kv_bytes_per_token
+def test_bench_counts_kv_bytes_of_the_attention_layers_and_the_state_per_sequence():
+    from reflex_engine.bench import format_report, kv_bytes_per_token, recurrent_state_bytes, run_bench
 
     model = reflex_engine.load(paths("qwen35", "Q4_0")[0], device="cpu", n_ctx=64)
     assert kv_bytes_per_token(model) == 2 * 64 * 4 == sum(a.nbytes for a in model.cache.k + model.cache.v if a is not None) // 64
+    states = sum(a.nbytes for a in [*model.cache.conv.values(), *model.cache.ssm.values()])
+    assert recurrent_state_bytes(model) == states == 3 * 4 * (3 * 128 + 4 * 16 * 16)
+    longer = reflex_engine.load(paths("qwen35", "Q4_0")[0], device="cpu", n_ctx=4096)
+    assert recurrent_state_bytes(longer) == states
+    report = run_bench(model, runs=1, decode_tokens=2, prefill_tokens=(8,), contexts=(8,))
+    assert report.state_bytes == states and f"| recurrent state per sequence (any context) | {states:,} bytes |" in \
+        format_report(report, "qwen35")
 
 
 def _legacy_qwen3next(src, dst):

@@ -7,7 +7,8 @@ over the prompt and the first token's choice, which waits for the device. Decode
 generates `decode_tokens` tokens after a C-token prompt; tokens/s counts those after the first.
 Bandwidth: the weight bytes one decode token reads (every matrix, of stacked experts the share
 its chosen ones hold; the embedding table only when it is also the LM head) over the time per
-token, as a fraction of a device-to-device copy. The KV cache grows by kv_bytes_per_token a token.
+token, as a fraction of a device-to-device copy. The KV cache grows by kv_bytes_per_token a token;
+recurrent layers (Gated DeltaNet) hold state_bytes per sequence instead, whatever its length.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class BenchReport(NamedTuple):
     decode: dict[int, dict[str, float]]  # context -> tokens_per_s, p50_ms, p99_ms
     weight_bytes_per_token: int
     kv_bytes_per_token: int
+    state_bytes: int  # the recurrent layers' fixed state a sequence holds (0 without any)
     copy_bytes_per_s: float | None  # None off the GPU
     device_bytes_reserved: int | None  # what the engine allocated on the device
     device_bytes_used: int | None  # the whole GPU's use, the driver's context included
@@ -61,6 +63,11 @@ def kv_bytes_per_token(model) -> int:
     kv_lora_rank + RoPE dims values; recurrent layers (Gated DeltaNet) take none."""
     shape = model.config.cache_shape(1)
     return len(shape.kv_layers) * (shape.k_width + (0 if shape.latent else shape.v_width)) * KV_ELEMENT_BYTES[model.device]
+
+
+def recurrent_state_bytes(model) -> int:
+    r = model.config.cache_shape(1).recurrent
+    return r.nbytes if r else 0
 
 
 def run_bench(model, runs: int = 5, decode_tokens: int = 64, prefill_tokens=PREFILL_TOKENS,
@@ -105,7 +112,8 @@ def run_bench(model, runs: int = 5, decode_tokens: int = 64, prefill_tokens=PREF
         free, total = dev.drv.mem_info()
         used = total - free
         copy = dev.copy_bandwidth()
-    return BenchReport(model.device, prefill, decode, decode_weight_bytes(model), kv_bytes_per_token(model), copy, reserved,
+    return BenchReport(model.device, prefill, decode, decode_weight_bytes(model), kv_bytes_per_token(model),
+                       recurrent_state_bytes(model), copy, reserved,
                        used)
 
 
@@ -120,6 +128,8 @@ def format_report(r: BenchReport, description: str) -> str:
                      f"p99 {d['p99_ms']:.2f} ms{bw}) |")
     lines.append(f"| weights read per decode token | {r.weight_bytes_per_token / 1e9:.3f} GB |")
     lines.append(f"| KV cache per token | {r.kv_bytes_per_token:,} bytes |")
+    if r.state_bytes:
+        lines.append(f"| recurrent state per sequence (any context) | {r.state_bytes:,} bytes |")
     if r.copy_bytes_per_s:
         lines.append(f"| device-to-device copy | {r.copy_bytes_per_s / 1e12:.2f} TB/s (read + written) |")
     if r.device_bytes_reserved is not None:

@@ -20,7 +20,9 @@ of every tensor's bytes, and its architecture), the tokens whose keys and values
 choice), the sampler's random state, and the cache as a list of named arrays with dtype and
 shape (`blk.{i}.k` (n, k_width), `blk.{i}.v` (n, v_width)). A latent (MLA) or recurrent cache
 is other names in the same list (`blk.{i}.conv`, `blk.{i}.ssm`: a recurrent layer's state after
-all n tokens, which serves only a request that continues after all of them). The header is
+all n tokens, which serves only a request that continues after all of them). An array is f32 or
+f16, the per-token ones all one of them; a recurrent state may differ (the CUDA backend writes
+its f16 K and V beside f32 states). The header is
 written last, so a file cut short anywhere lacks it or fails its size check; the arrays carry no
 checksum (as GGUF weights carry none), since hashing them would cost more than a cold start saves.
 
@@ -257,9 +259,10 @@ def _check_arrays(state: StateHeader, config, data_end: int) -> None:
     if found != expected:
         raise ReflexError(f"{state.path}: its cache ({len(found)} arrays) does not fit this model's "
                           f"({len(expected)} arrays of {len(state.tokens)} tokens)")
-    dtypes = [dtype for _, dtype, _, _ in state.arrays]
-    if any(not isinstance(d, str) or d not in DTYPES for d in dtypes) or len(set(dtypes)) > 1:
-        raise ReflexError(f"{state.path} is damaged: its arrays' dtypes are {sorted(set(map(str, dtypes)))}, not one of {list(DTYPES)}")
+    dtypes = [dtype for name, dtype, _, _ in state.arrays if _per_token(name)]  # recurrent states may differ (f32 beside f16 K, V)
+    if any(not isinstance(d, str) or d not in DTYPES for _, d, _, _ in state.arrays) or len(set(dtypes)) > 1:
+        raise ReflexError(f"{state.path} is damaged: its arrays' dtypes are {sorted(set(str(d) for _, d, _, _ in state.arrays))}, "
+                          f"not one of {list(DTYPES)}")
     for name, dtype, shape, offset in state.arrays:
         if not isinstance(offset, int) or offset < _PREFIX.size or offset + DTYPES[dtype] * _count(shape) > data_end:
             raise ReflexError(f"{state.path} is damaged: array {name} lies outside the file")

@@ -96,6 +96,11 @@ class RecurrentShape(NamedTuple):
     k_dim: int
     v_dim: int
 
+    @property
+    def nbytes(self) -> int:
+        """Every layer's conv and delta-rule states as float32, what both backends hold."""
+        return 4 * len(self.layers) * (self.conv_rows * self.channels + self.n_v_heads * self.k_dim * self.v_dim)
+
 
 class CacheShape(NamedTuple):
     """Per layer, K (capacity, k_width) and V (capacity, v_width). A latent cache (MLA) holds one

@@ -11,7 +11,7 @@ from .blocks import MODEL_TENSORS
 from .config import read_config, read_ssm
 
 ARCH = "qwen35"
-BACKENDS = ("cpu",)
+BACKENDS = ("cpu", "cuda")
 TENSORS = MODEL_TENSORS
 LAYER_TENSORS = hybrid.layer_tensors(hybrid.SPLIT_INPUT_TENSORS, hybrid.SPLIT_GATE_TENSORS, hybrid.DENSE_FFN_TENSORS)
 

@@ -10,7 +10,7 @@ from .blocks import MODEL_TENSORS
 from .config import Meta, read_config, read_moe, read_ssm
 
 ARCH = "qwen35moe"
-BACKENDS = ("cpu",)
+BACKENDS = ("cpu", "cuda")
 TENSORS = MODEL_TENSORS
 LAYER_TENSORS = hybrid.layer_tensors(hybrid.SPLIT_INPUT_TENSORS, hybrid.SPLIT_GATE_TENSORS, hybrid.MOE_FFN_TENSORS)
 

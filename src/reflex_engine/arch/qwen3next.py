@@ -13,7 +13,7 @@ from .blocks import MODEL_TENSORS
 from .config import Meta, read_config, read_moe, read_ssm
 
 ARCH = "qwen3next"
-BACKENDS = ("cpu",)
+BACKENDS = ("cpu", "cuda")
 TENSORS = MODEL_TENSORS
 LAYER_TENSORS = hybrid.layer_tensors(hybrid.FUSED_OR_SPLIT_INPUT_TENSORS, hybrid.GROUPED_GATE_TENSORS, hybrid.MOE_FFN_TENSORS)
 

@@ -3,15 +3,17 @@
 // the compiler would otherwise contract a*b-c into one FMA), so results match it to rounding.
 #include "common.cuh"
 
-// y = x / sqrt(mean(x^2) + eps) * w over each group of d features; one block per group.
+// y = x / sqrt(s + eps) * w over each group of d features, s the mean of the squares (RMSNorm) or, with
+// no w, their sum (the L2 norm of Gated DeltaNet's q and k); one block per group.
 // LAUNCH: block = 32 * ceil(min(d, 1024) / 32), grid.x = number of groups (rows * features / d).
-extern "C" __global__ void rms_norm_f32(const float* x, const float* w, float* y, int d, float eps) {
+extern "C" __global__ void norm_f32(const float* x, const float* w, float* y, int d, float eps) {
     const float* xg = x + (int64_t)blockIdx.x * d;
     float* yg = y + (int64_t)blockIdx.x * d;
     float sq = 0.0f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) sq += xg[i] * xg[i];
-    const float scale = sqrtf(block_sum(sq) / d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) yg[i] = __fmul_rn(__fdiv_rn(xg[i], scale), w[i]);
+    const float total = block_sum(sq);
+    const float scale = sqrtf((w ? total / d : total) + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) yg[i] = w ? __fmul_rn(__fdiv_rn(xg[i], scale), w[i]) : __fdiv_rn(xg[i], scale);
 }
 
 // Rotate the first n_rot dims of every head; NEOX pairs (i, i + n_rot/2), NORM pairs (2i, 2i+1).

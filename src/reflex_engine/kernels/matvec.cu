@@ -1,11 +1,12 @@
-// Decode matmul: y (n_tok, n_rows) = x (n_tok, n_cols) · Wᵀ for up to 8 tokens, W in GGUF blocks.
+// Decode matmul: y (n_tok, n_rows) = x (n_tok, n_cols) · Wᵀ for up to 8 tokens a pass, W in GGUF blocks.
 // A block computes MATVEC_ROWS rows. Its threads stride together over the rows' 16-element pieces
 // (B::piece), so each warp reads one contiguous run of a row's blocks and of x at a time; every
 // piece is unpacked once and used for every token, its scale (and min) applied once per token to
 // the piece's dot product. x is read through L1, which the blocks on an SM share, and no barrier
 // is met until the warps' sums are added at the end.
 // LAUNCH: block = any multiple of 32 up to MATVEC_THREADS (128): 32 · min(4, ceil(n_cols / 512))
-// leaves no thread without a piece on narrow rows; grid.x = ceil(n_rows / MATVEC_ROWS) (MATVEC_ROWS = 2).
+// leaves no thread without a piece on narrow rows; grid.x = ceil(n_rows / MATVEC_ROWS) (MATVEC_ROWS = 2),
+// grid.y = ceil(n_tok / 8).
 #include "common.cuh"
 #include "quant_blocks.cuh"
 
@@ -99,11 +100,14 @@ __device__ __forceinline__ void matvec(const uint8_t* __restrict__ W, const floa
     }
 }
 
-// 5 blocks an SM: at most 96 registers, which these kernels fit without spilling
-#define MATVEC_KERNEL(name, B)                                                                           \
-    extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 5)                                      \
-        matvec_##name(const uint8_t* W, const float* x, float* y, int n_rows, int n_cols, int n_tok) { \
-        matvec<B>(W, x, y, n_rows, n_cols, n_tok);                                                       \
+// 5 blocks an SM: at most 96 registers, which these kernels fit without spilling. More than 8 tokens are
+// passes of 8, one a blockIdx.y (grid.y = ceil(n_tok / 8)), each reading the rows again.
+#define MATVEC_KERNEL(name, B)                                                                              \
+    extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 5)                                         \
+        matvec_##name(const uint8_t* W, const float* x, float* y, int n_rows, int n_cols, int n_tok) {    \
+        const int t0 = blockIdx.y * MATVEC_MAX_TOKENS;                                                      \
+        matvec<B>(W, x + (size_t)t0 * n_cols, y + (size_t)t0 * n_rows, n_rows, n_cols,                     \
+                  min(MATVEC_MAX_TOKENS, n_tok - t0));                                                      \
     }
 KERNEL_TYPES(MATVEC_KERNEL)
 #undef MATVEC_KERNEL

@@ -14,6 +14,7 @@ from typing import NamedTuple, Sequence
 from ...errors import ReflexError
 from ...gguf import GGMLType, tensor_nbytes
 from ...ops import Batch, CacheShape, Rope, RopeMode, StateArray
+from .delta_net import DeltaNetOps, RecurrentState, carve_states, check_shape, chunk_scratch_bytes
 from .device import F32, F64, I64, INT, PTR, Device
 from .experts import ExpertOps, yarn_args
 from .memory import Plan, Pool, Region, Tensor, aligned
@@ -29,6 +30,11 @@ X16_MATVEC_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, 
 # up to here a matmul is passes of 8 tokens over the weights, not the tiled GEMM: H200, 8B Q4_K_M,
 # 16 tokens: 47.4 ms a pass with the GEMM, which reads the weights at ~100 GB/s
 MATVEC_PASSES_MAX_TOKENS = 32
+# a weight of at most this many rows takes matvec passes at any token count: the GEMMs' 64-row tiles
+# would be mostly empty, and passes keep it in float32, which Gated DeltaNet's gate projections (a
+# row a value head, feeding exp of a running sum) need: with f16 operands, the hybrid fixtures' logits
+# were 0.7-0.9% off transformers', against 0.01-0.05% (H200, 2026-12-01)
+MATVEC_MAX_ROWS = 128
 MAX_BATCH = 512  # tokens per forward pass; the engine splits longer batches
 TOP_K_MAX = 256  # kernels/sampling.cu top_k
 TILED_ATTENTION_MIN_TOKENS = 64  # below this, 16 queries a block leave the GPU too few blocks
@@ -60,17 +66,24 @@ class Weight(NamedTuple):
 
 
 class KVCache(NamedTuple):
-    k: list[int]  # per layer: f16 (capacity, k_width)
-    v: list[int]  # per layer: f16 (capacity, v_width); latent (MLA): 0, the values are k's first v_width
+    k: list[int]  # per layer: f16 (capacity, k_width); 0 for a recurrent layer
+    v: list[int]  # per layer: f16 (capacity, v_width); 0 for a recurrent one, and for all when latent (MLA): the values are k's first v_width
     segments: int  # int32 (capacity,): the segment of each written slot
     shape: CacheShape
+    recurrent: RecurrentState | None = None  # the Gated DeltaNet layers' states (delta_net.py)
 
     def arrays(self, layer: int) -> tuple[tuple[str, int, int], ...]:
-        """The layer's arrays as KV state files name them: (kind, device address, width)."""
+        """An attention layer's arrays as KV state files name them: (kind, device address, width)."""
         s = self.shape
         if s.latent:
             return (("kv", self.k[layer], s.k_width),)
         return (("k", self.k[layer], s.k_width), ("v", self.v[layer], s.v_width))
+
+    def states(self, layer: int) -> tuple[tuple[str, int, tuple[int, ...]], ...]:
+        """A recurrent layer's arrays: (kind, device address, shape), float32."""
+        r = self.shape.recurrent
+        return (("conv", self.recurrent.conv[layer], (r.conv_rows, r.channels)),
+                ("ssm", self.recurrent.ssm[layer], (r.n_v_heads, r.k_dim, r.v_dim)))
 
 
 def device_nbytes(ggml_type: GGMLType, shape: tuple[int, ...]) -> int:
@@ -100,7 +113,7 @@ def buffer_address(view: memoryview) -> int:
         ctypes.pythonapi.PyBuffer_Release(ctypes.byref(buf))
 
 
-class CudaOps(ExpertOps):
+class CudaOps(ExpertOps, DeltaNetOps):
     name = "cuda"
     max_batch = MAX_BATCH
 
@@ -127,13 +140,17 @@ class CudaOps(ExpertOps):
         """Check that the weights, a cache of `cache`'s shape and the activation buffers fit in free
         device memory, then take all three (activation_width: float32 values live per token)."""
         row_width = cache.k_width + (0 if cache.latent else cache.v_width)  # a latent row holds its values
-        kv_bytes = cache.n_layers * aligned(cache.capacity * row_width * 2) + aligned(4 * cache.capacity)
-        ints = {**{kind: 1 if kind == "start" else MAX_BATCH for kind in STEP_INTS}, "pairs": MAX_BATCH, "history": cache.capacity,
-                "mask": -(-activation_width // 32)}  # a constraint's packed mask (cuda/sampler.py): n_vocab bits fit
+        kv_bytes = len(cache.kv_layers) * aligned(cache.capacity * row_width * 2) + aligned(4 * cache.capacity)
+        r = cache.recurrent
+        if r:
+            check_shape(r)
+            kv_bytes += aligned(2 * r.nbytes)  # and their checkpoint
+        ints = {**{kind: 1 if kind == "start" else MAX_BATCH for kind in STEP_INTS}, "pairs": MAX_BATCH, "history": cache.capacity}
         # dequantized weight rows for the long-prompt GEMM: the largest matrix, up to a cap (more rows run in turns)
         self._w16_bytes = aligned(min(W16_MAX_BYTES, max((2 * math.prod(shape) for _, shape in tensors if len(shape) == 2), default=0)))
+        chunk_bytes = aligned(chunk_scratch_bytes(r, MAX_BATCH)) if r else 0
         scratch = (sum(aligned(4 * n) for n in ints.values()) + aligned(8 * 2 * MAX_BATCH) + aligned(8 * TOP_K_MAX + 16)
-                   + self._w16_bytes + ATTENTION_PARTIALS_BYTES)
+                   + self._w16_bytes + ATTENTION_PARTIALS_BYTES + chunk_bytes)
         # a matvec pass's x as int16 blocks (2 bytes an element, then 8 bytes (d, d·Σq) a block of 32)
         self._x16_width = max([activation_width] + [shape[0] for _, shape in tensors if len(shape) == 2])
         x16_bytes = aligned(2 * MATVEC_MAX_TOKENS * self._x16_width) + aligned(MATVEC_MAX_TOKENS * self._x16_width // 4)
@@ -156,6 +173,7 @@ class CudaOps(ExpertOps):
         self._top = s.carve(8 * TOP_K_MAX + 16)  # top_k's ids, values and (max, sum of exp)
         self._w16 = s.carve(self._w16_bytes) if self._w16_bytes else 0
         self._partials = s.carve(ATTENTION_PARTIALS_BYTES)
+        self._chunk_scratch = s.carve(chunk_bytes) if chunk_bytes else 0
         self._xq = s.carve(x16_bytes)
         self._xds = self._xq + aligned(2 * MATVEC_MAX_TOKENS * self._x16_width)
         self._x16_of: tuple[Tensor, int, int] | None = None  # (tensor, address, elements) the int16 scratch holds
@@ -222,10 +240,11 @@ class CudaOps(ExpertOps):
         return DecodeGraph(self, forward, STEP_INTS)
 
     def new_kv_cache(self, shape: CacheShape) -> KVCache:
-        c = self._cache
-        k = [c.carve(shape.capacity * shape.k_width * 2) for _ in range(shape.n_layers)]
-        v = [0 if shape.latent else c.carve(shape.capacity * shape.v_width * 2) for _ in range(shape.n_layers)]
-        return KVCache(k, v, c.carve(4 * shape.capacity), shape)
+        c, kv = self._cache, shape.kv_layers
+        k = [c.carve(shape.capacity * shape.k_width * 2) if i in kv else 0 for i in range(shape.n_layers)]
+        v = [c.carve(shape.capacity * shape.v_width * 2) if i in kv and not shape.latent else 0 for i in range(shape.n_layers)]
+        segments = c.carve(4 * shape.capacity)
+        return KVCache(k, v, segments, shape, carve_states(c, shape.recurrent) if shape.recurrent else None)
 
     def from_host(self, x) -> Tensor:
         """A C-contiguous float32 (rows, cols) host buffer as a device activation (tests, tools)."""
@@ -286,7 +305,7 @@ class CudaOps(ExpertOps):
         d = weight.n_cols
         out = self._new(x.rows, x.cols)
         block = 32 * -(-min(d, 1024) // 32)
-        self.device.launch("rms_norm_f32", (x.rows * x.cols // d,), block,
+        self.device.launch("norm_f32", (x.rows * x.cols // d,), block,
                            (PTR(x.ptr), PTR(self._ready(weight)), PTR(out.ptr), INT(d), F32(eps)))
         return out
 
@@ -296,34 +315,35 @@ class CudaOps(ExpertOps):
         out = self._new(x.rows, weight.n_rows)
         args = (PTR(self._ready(weight)), PTR(x.ptr), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols), INT(x.rows))
         suffix = kernel_suffix(weight.ggml_type)
-        if x.rows <= MATVEC_PASSES_MAX_TOKENS:  # rows of x and of out are tokens: a pass takes 8 of each
-            for t in range(0, x.rows, MATVEC_MAX_TOKENS):
-                self._matvec(weight, x, x.ptr + 4 * t * x.cols, out.ptr + 4 * t * weight.n_rows,
-                             min(MATVEC_MAX_TOKENS, x.rows - t), suffix)
+        if x.rows <= MATVEC_PASSES_MAX_TOKENS or weight.n_rows <= MATVEC_MAX_ROWS:
+            self._matvec(weight, x, out, suffix)
         elif x.rows >= F16_GEMM_MIN_TOKENS and weight.n_cols % 32 == 0 and 2 * weight.n_cols <= self._w16_bytes:
             self._matmul_f16(x, weight, out, suffix)
         else:
             self.device.launch(f"gemm_{suffix}", (-(-weight.n_rows // 64), -(-x.rows // 64)), 128, args)
         return out
 
-    def _matvec(self, weight: Weight, x: Tensor, x_ptr: int, out_ptr: int, n_tok: int, suffix: str) -> None:
-        """out's n_tok rows from x's at x_ptr (x: the tensor they are in)."""
+    def _matvec(self, weight: Weight, x: Tensor, out: Tensor, suffix: str) -> None:
+        """Passes of 8 tokens over the weight's rows (rows of x and of out are tokens)."""
         # kernels/matvec_x16.cu: x to int16 blocks, then 2 rows a block, a warp per 1,024 columns (32 units), at most 4;
-        # a weight wider than reserve planned the int16 scratch for keeps the float kernel
-        if weight.ggml_type in X16_MATVEC_TYPES and weight.n_cols <= self._x16_width:
-            n = n_tok * weight.n_cols
-            # q, k, v (gate, up) share one x: quantized once. A tensor is final once the op making it
-            # returns, and holding it keeps its buffer's address from any other tensor.
-            if self._x16_of != (x, x_ptr, n):
-                self.device.launch("quantize_x16", (-(-n // 1024),), 256, (PTR(x_ptr), PTR(self._xq), PTR(self._xds), INT(n)))
-                self._x16_of = (x, x_ptr, n)
-            self.device.launch(f"matvec_x16_{suffix}", (-(-weight.n_rows // 2),), 32 * min(4, -(-weight.n_cols // 1024)),
-                               (PTR(weight.ptr), PTR(self._xq), PTR(self._xds), PTR(out_ptr), INT(weight.n_rows),
-                                INT(weight.n_cols), INT(n_tok)))
+        # a weight wider than reserve planned the int16 scratch for keeps the float kernel, as do passes past 32 tokens
+        if weight.ggml_type in X16_MATVEC_TYPES and weight.n_cols <= self._x16_width and x.rows <= MATVEC_PASSES_MAX_TOKENS:
+            for t in range(0, x.rows, MATVEC_MAX_TOKENS):
+                x_ptr, n_tok = x.ptr + 4 * t * x.cols, min(MATVEC_MAX_TOKENS, x.rows - t)
+                n = n_tok * weight.n_cols
+                # q, k, v (gate, up) share one x: quantized once. A tensor is final once the op making it
+                # returns, and holding it keeps its buffer's address from any other tensor.
+                if self._x16_of != (x, x_ptr, n):
+                    self.device.launch("quantize_x16", (-(-n // 1024),), 256, (PTR(x_ptr), PTR(self._xq), PTR(self._xds), INT(n)))
+                    self._x16_of = (x, x_ptr, n)
+                self.device.launch(f"matvec_x16_{suffix}", (-(-weight.n_rows // 2),), 32 * min(4, -(-weight.n_cols // 1024)),
+                                   (PTR(weight.ptr), PTR(self._xq), PTR(self._xds), PTR(out.ptr + 4 * t * weight.n_rows),
+                                    INT(weight.n_rows), INT(weight.n_cols), INT(n_tok)))
             return
-        # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4
-        self.device.launch(f"matvec_{suffix}", (-(-weight.n_rows // 2),), 32 * min(4, -(-weight.n_cols // 512)),
-                           (PTR(weight.ptr), PTR(x_ptr), PTR(out_ptr), INT(weight.n_rows), INT(weight.n_cols), INT(n_tok)))
+        # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4; a pass a blockIdx.y
+        self.device.launch(f"matvec_{suffix}", (-(-weight.n_rows // 2), -(-x.rows // MATVEC_MAX_TOKENS)),
+                           32 * min(4, -(-weight.n_cols // 512)),
+                           (PTR(weight.ptr), PTR(x.ptr), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols), INT(x.rows)))
 
     def _matmul_f16(self, x: Tensor, weight: Weight, out: Tensor, suffix: str) -> None:
         """Long prompts (kernels/gemm_f16.cu): as many weight rows as the scratch holds dequantized
@@ -366,7 +386,7 @@ class CudaOps(ExpertOps):
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: KVCache, layer: int, batch: Batch,
                   n_heads: int, n_kv_heads: int, scale: float) -> Tensor:
         dev, t = self.device, q.rows
-        if layer == 0:  # every layer's pass has the same slots
+        if layer == cache.shape.kv_layers[0]:  # every layer's pass has the same slots
             self._segments = self._upload_ints("segments", batch.segments)
             self._start = self._upload_ints("start", [batch.start])
         dk, dv = k.cols // n_kv_heads, v.cols // n_kv_heads
@@ -437,7 +457,15 @@ class CudaOps(ExpertOps):
     # -- KV state files (kvstate.py) -------------------------------------------------------------
 
     def export_cache(self, cache: KVCache, n_tokens: int):
+        """K and V in the cache's f16; a recurrent layer's states in their f32."""
+        kv = cache.shape.kv_layers
         for i in range(cache.shape.n_layers):
+            if i not in kv:
+                for kind, ptr, shape in cache.states(i):
+                    host = bytearray(4 * math.prod(shape))
+                    self.device.download(buffer_address(memoryview(host)), ptr, len(host))
+                    yield StateArray(f"blk.{i}.{kind}", "f32", shape, host)
+                continue
             for kind, ptr, width in cache.arrays(i):
                 host = bytearray(2 * n_tokens * width)  # slots 0..n-1 are the first rows: one copy
                 if host:
@@ -449,6 +477,14 @@ class CudaOps(ExpertOps):
         CPU) pass through activation buffers and kv_store, which rounds them as a pass does."""
         dev, shape = self.device, cache.shape
         for i in range(shape.n_layers):
+            if i not in shape.kv_layers:
+                for kind, ptr, _ in cache.states(i):
+                    a = arrays[f"blk.{i}.{kind}"]
+                    if a.dtype != "f32":
+                        raise ReflexError(f"the KV state's recurrent array blk.{i}.{kind} is {a.dtype}: the CUDA backend reads f32 ones")
+                    view = memoryview(a.data).cast("B")
+                    dev.upload(ptr, buffer_address(view), view.nbytes)  # pageable: staged before it returns
+                continue
             parts = [(arrays[f"blk.{i}.{kind}"], ptr) for kind, ptr, _ in cache.arrays(i)]
             if parts[0][0].dtype == "f16":
                 for a, ptr in parts:

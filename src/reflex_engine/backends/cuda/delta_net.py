@@ -1,0 +1,111 @@
+"""CudaOps's Gated DeltaNet ops (kernels/delta_net.cu): the recurrent layers of qwen35 and qwen3next.
+
+A recurrent layer's state lives in the KV cache's region: the conv's last K-1 inputs (K-1, C) and the
+delta rule's S (H, dk, dv), float32, every layer's one after the other and a checkpoint copy of them
+all behind (system1). One token goes through the recurrence (delta_rule_step, what a decode graph
+replays); longer batches through the chunked form, whose state-free part runs for every chunk at
+once (delta_rule_chunk_prep) before one scan carries the state through the chunks.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ...errors import ReflexError
+from ...gguf import GGMLType
+from ...ops import Batch, RecurrentShape
+from .device import F32, I64, INT, PTR
+
+CONV_MAX_TAPS, DELTA_MAX_DK, CHUNK, SCAN_COLUMNS = 8, 128, 64, 16  # kernels/delta_net.cu
+
+
+class RecurrentState(NamedTuple):
+    """Device addresses of the recurrent layers' states: layer -> conv (K-1, C), layer -> S (H, dk, dv)."""
+
+    conv: dict[int, int]
+    ssm: dict[int, int]
+    base: int  # every state, contiguous from here
+    nbytes: int
+    checkpoint: int  # a copy of those bytes (checkpoint_state, rewind_state)
+
+
+def chunk_scratch_bytes(r: RecurrentShape, max_batch: int) -> int:
+    """delta_rule_chunk_prep's W, U, QK and cumulative decays for a batch of max_batch tokens."""
+    return 4 * r.n_v_heads * max_batch * (r.k_dim + r.v_dim + CHUNK + 1)
+
+
+def check_shape(r: RecurrentShape) -> None:
+    if r.k_dim > DELTA_MAX_DK or r.conv_rows + 1 > CONV_MAX_TAPS:
+        raise ReflexError(f"Gated DeltaNet with key heads of {r.k_dim} and a conv of {r.conv_rows + 1} taps: the CUDA "
+                          f"kernels take at most {DELTA_MAX_DK} and {CONV_MAX_TAPS}")
+
+
+def carve_states(region, r: RecurrentShape) -> RecurrentState:
+    base = region.carve(2 * r.nbytes)
+    conv, ssm, at = {}, {}, base
+    for i in r.layers:
+        conv[i], at = at, at + 4 * r.conv_rows * r.channels
+        ssm[i], at = at, at + 4 * r.n_v_heads * r.k_dim * r.v_dim
+    return RecurrentState(conv, ssm, base, r.nbytes, base + r.nbytes)
+
+
+class DeltaNetOps:
+    """Mixed into CudaOps: uses its device, activation pools (_new), weight readiness (_ready) and
+    the chunked form's scratch (_chunk_scratch, carved by reserve)."""
+
+    def sigmoid_gate(self, x, gate):
+        out, n = self._new(x.rows, x.cols), x.rows * x.cols
+        self.device.launch("sigmoid_gate_f32", (-(-n // 256),), 256,
+                           (PTR(x.ptr), PTR(gate.ptr), PTR(out.ptr), I64(n), INT(x.cols), INT(gate.cols)))
+        return out
+
+    def l2_norm(self, x, head_dim: int, eps: float):
+        out = self._new(x.rows, x.cols)
+        self.device.launch("norm_f32", (x.rows * x.cols // head_dim,), 32 * -(-min(head_dim, 1024) // 32),
+                           (PTR(x.ptr), PTR(0), PTR(out.ptr), INT(head_dim), F32(eps)))
+        return out
+
+    def causal_conv1d(self, x, weight, *, cache, layer: int, batch: Batch):
+        taps, channels = weight.shape
+        if weight.ggml_type not in (GGMLType.F32, GGMLType.F16):
+            raise ReflexError(f"a Gated DeltaNet conv weight of type {weight.ggml_type.name}: the CUDA kernel reads F32 or F16")
+        out = self._new(x.rows, x.cols)
+        self.device.launch("causal_conv1d_f32", (-(-channels // 256),), 256,
+                           (PTR(x.ptr), PTR(self._ready(weight)), PTR(cache.recurrent.conv[layer]), PTR(out.ptr),
+                            INT(x.rows), INT(channels), INT(taps), INT(weight.ggml_type == GGMLType.F16),
+                            INT(batch.start == 0)))
+        return out
+
+    def gdn_gates(self, alpha, beta, *, dt_bias, ssm_a):
+        g, b, n = self._new(alpha.rows, alpha.cols), self._new(beta.rows, beta.cols), alpha.rows * alpha.cols
+        self.device.launch("gdn_gates_f32", (-(-n // 256),), 256,
+                           (PTR(alpha.ptr), PTR(beta.ptr), PTR(self._ready(dt_bias)), PTR(self._ready(ssm_a)), PTR(g.ptr),
+                            PTR(b.ptr), INT(n), INT(alpha.cols)))
+        return g, b
+
+    def delta_rule(self, q, k, v, g, beta, *, cache, layer: int, batch: Batch, tiled: bool, scale: float):
+        r = cache.shape.recurrent
+        t, h, dk, dv = q.rows, r.n_v_heads, r.k_dim, r.v_dim
+        out, dev = self._new(t, h * dv), self.device
+        heads = (INT(h), INT(q.cols // dk), INT(dk), INT(dv), INT(tiled), F32(scale))
+        state, fresh = PTR(cache.recurrent.ssm[layer]), INT(batch.start == 0)
+        if t == 1:
+            dev.launch("delta_rule_step", (h, -(-dv // 32)), 256,
+                       (PTR(q.ptr), PTR(k.ptr), PTR(v.ptr), PTR(g.ptr), PTR(beta.ptr), state, PTR(out.ptr)) + heads + (fresh,))
+            return out
+        w = self._chunk_scratch
+        u, qk, cum = w + 4 * h * t * dk, w + 4 * h * t * (dk + dv), w + 4 * h * t * (dk + dv + CHUNK)
+        dev.launch("delta_rule_chunk_prep", (-(-t // CHUNK), h), 256,
+                   (PTR(q.ptr), PTR(k.ptr), PTR(v.ptr), PTR(g.ptr), PTR(beta.ptr), PTR(w), PTR(u), PTR(qk), PTR(cum),
+                    INT(t)) + heads + (INT(CHUNK),))
+        dev.launch("delta_rule_chunk_scan", (h, -(-dv // SCAN_COLUMNS)), 256,
+                   (PTR(q.ptr), PTR(k.ptr), PTR(w), PTR(u), PTR(qk), PTR(cum), state, PTR(out.ptr), INT(t)) + heads
+                   + (INT(CHUNK), fresh))
+        return out
+
+    def checkpoint_state(self, cache) -> None:
+        s = cache.recurrent
+        self.device.drv.cuMemcpyDtoDAsync_v2(s.checkpoint, s.base, s.nbytes, self.device.stream)
+
+    def rewind_state(self, cache) -> None:
+        s = cache.recurrent
+        self.device.drv.cuMemcpyDtoDAsync_v2(s.base, s.checkpoint, s.nbytes, self.device.stream)

@@ -1,0 +1,252 @@
+// Gated DeltaNet (qwen35, qwen3next): the short causal conv, the gates, and the gated delta rule, token by
+// token for decode and in chunks for prompts, as backends/cpu/delta_rule.py defines them.
+//
+// The delta rule's state S (H, dk, dv) is float32, a value head's dk x dv block contiguous. Per value head h
+// and token t: S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q. Each column of S (a value feature)
+// evolves on its own, so kernels split the columns over blocks. Value head h reads key head
+// tiled ? h % k_heads : h / (n_heads / k_heads).
+#include "common.cuh"
+
+#define CONV_MAX_TAPS 8
+#define DELTA_MAX_DK 128  // the key head width the kernels hold per column (Qwen3.5 and Qwen3-Next: 128)
+#define CHUNK_MAX 64      // tokens a chunk of the chunked form
+#define SCAN_COLUMNS 16   // value columns a block of delta_rule_chunk_scan carries through the chunks
+
+__device__ __forceinline__ float sigmoid_rn(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+
+__device__ __forceinline__ int key_head(int h, int n_heads, int k_heads, int tiled) {
+    return tiled ? h % k_heads : h / (n_heads / k_heads);
+}
+
+// y = x * sigmoid(gate): gate (T, cols) as x, or (T, 1) when gate_cols is 1.
+// LAUNCH: block 256, grid.x = ceil(n / 256), n = T * cols.
+extern "C" __global__ void sigmoid_gate_f32(const float* x, const float* gate, float* y, int64_t n, int cols, int gate_cols) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __fmul_rn(x[i], sigmoid_rn(gate[gate_cols == 1 ? i / cols : i]));
+}
+
+// g = ssm_a * softplus(alpha + dt_bias) (softplus as numpy's logaddexp(0, z)), b = sigmoid(beta); (T, H) each.
+// LAUNCH: block 256, grid.x = ceil(T * H / 256).
+extern "C" __global__ void gdn_gates_f32(const float* alpha, const float* beta, const float* dt_bias, const float* ssm_a,
+                                         float* g, float* b, int n, int n_heads) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int h = i % n_heads;
+    const float z = __fadd_rn(alpha[i], dt_bias[h]);
+    const float softplus = z == 0.0f ? 0.69314718f : z > 0.0f ? __fadd_rn(z, log1pf(expf(-z))) : log1pf(expf(z));
+    g[i] = __fmul_rn(ssm_a[h], softplus);
+    b[i] = sigmoid_rn(beta[i]);
+}
+
+// silu(y), y_c(t) = sum_j w[c, j] in_c(t - K + 1 + j), where the inputs before the batch are the K-1 rows of the
+// layer's state (zeros when fresh), which then holds the batch's last K-1 inputs. A thread owns a channel.
+// w: (C, K) float32 or float16 (w_f16). LAUNCH: block 256, grid.x = ceil(C / 256); K <= CONV_MAX_TAPS.
+extern "C" __global__ void causal_conv1d_f32(const float* x, const void* w, float* state, float* y, int n_tok, int channels,
+                                             int taps, int w_f16, int fresh) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    float wc[CONV_MAX_TAPS], past[CONV_MAX_TAPS - 1];
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_TAPS; j++)
+        if (j < taps) wc[j] = w_f16 ? __half2float(((const __half*)w)[(int64_t)c * taps + j]) : ((const float*)w)[(int64_t)c * taps + j];
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_TAPS - 1; j++)
+        if (j < taps - 1) past[j] = fresh ? 0.0f : state[(int64_t)j * channels + c];
+    for (int t = 0; t < n_tok; t++) {
+        const float xt = x[(int64_t)t * channels + c];
+        float acc = 0.0f;  // in the reference's order: the taps summed oldest first
+#pragma unroll
+        for (int j = 0; j < CONV_MAX_TAPS - 1; j++)
+            if (j < taps - 1) acc = __fadd_rn(acc, __fmul_rn(past[j], wc[j]));
+        acc = __fadd_rn(acc, __fmul_rn(xt, wc[taps - 1]));
+#pragma unroll
+        for (int j = 0; j < CONV_MAX_TAPS - 2; j++)
+            if (j < taps - 2) past[j] = past[j + 1];
+        if (taps > 1) past[taps - 2] = xt;
+        y[(int64_t)t * channels + c] = __fmul_rn(acc, sigmoid_rn(acc));
+    }
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_TAPS - 1; j++)
+        if (j < taps - 1) state[(int64_t)j * channels + c] = past[j];
+}
+
+// One token (decode): 32 columns of a value head a block, the dk rows split over its 8 warps, each thread
+// holding its rows of one column in registers. q, k (Hk*dk), v (H*dv), g, beta (H) of the one token.
+// LAUNCH: block 256, grid = (H, ceil(dv / 32)); dk <= DELTA_MAX_DK.
+extern "C" __global__ void delta_rule_step(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                                           float* state, float* out, int n_heads, int k_heads, int dk, int dv, int tiled,
+                                           float scale, int fresh) {
+    constexpr int ROWS = DELTA_MAX_DK / 8;
+    __shared__ float partial[8][WARP];
+    const int h = blockIdx.x, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int col = blockIdx.y * WARP + lane;
+    const bool live = col < dv;
+    const int kh = key_head(h, n_heads, k_heads, tiled);
+    const float* qh = q + (int64_t)kh * dk;
+    const float* kk = k + (int64_t)kh * dk;
+    float* s = state + (int64_t)h * dk * dv + col;
+    const float decay = expf(g[h]);
+    float rows[ROWS];
+    float mem = 0.0f;
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        const int i = warp + 8 * r;
+        rows[r] = 0.0f;
+        if (live && i < dk) {
+            rows[r] = __fmul_rn(fresh ? 0.0f : s[(int64_t)i * dv], decay);
+            mem = fmaf(rows[r], kk[i], mem);
+        }
+    }
+    partial[warp][lane] = mem;
+    __syncthreads();
+    mem = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 8; w++) mem += partial[w][lane];
+    const float delta = live ? __fmul_rn(beta[h], __fsub_rn(v[(int64_t)h * dv + col], mem)) : 0.0f;
+    float o = 0.0f;
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        const int i = warp + 8 * r;
+        if (live && i < dk) {
+            rows[r] = __fadd_rn(rows[r], __fmul_rn(kk[i], delta));
+            s[(int64_t)i * dv] = rows[r];
+            o = fmaf(rows[r], __fmul_rn(qh[i], scale), o);
+        }
+    }
+    __syncthreads();  // every warp has read partial
+    partial[warp][lane] = o;
+    __syncthreads();
+    if (warp == 0 && live) {
+        o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) o += partial[w][lane];
+        out[(int64_t)h * dv + col] = o;
+    }
+}
+
+// The chunked form's state-free part, one (chunk, value head) a block: with c the cumulative log-decay from the
+// chunk's start, A[t, j] = beta_t exp(c_t - c_j) k_t.k_j (j < t) and T = (I + A)^-1 (forward substitution),
+//   W = T (beta exp(c) K),  U = T (beta V),  QK[t, j] = exp(c_t - c_j) q_t.k_j (j <= t, else 0),
+// so that the chunk's corrections are D = U - W S0 (delta_rule_chunk_scan). Scratch per value head h and token:
+// w (H, T, dk), u (H, T, dv), qk (H, T, CHUNK_MAX), cum (H, T).
+// LAUNCH: block 256, grid = (ceil(T / chunk), H); chunk <= CHUNK_MAX.
+extern "C" __global__ void delta_rule_chunk_prep(const float* q, const float* k, const float* v, const float* g,
+                                                 const float* beta, float* w, float* u, float* qk, float* cum, int n_tok,
+                                                 int n_heads, int k_heads, int dk, int dv, int tiled, float scale, int chunk) {
+    __shared__ float m[CHUNK_MAX][CHUNK_MAX + 1];
+    __shared__ float c[CHUNK_MAX], bt[CHUNK_MAX];
+    const int a = blockIdx.x * chunk, h = blockIdx.y, n = min(chunk, n_tok - a), tid = threadIdx.x;
+    const int kh = key_head(h, n_heads, k_heads, tiled);
+    const int64_t k_stride = (int64_t)k_heads * dk, v_stride = (int64_t)n_heads * dv;
+    const float* kc = k + a * k_stride + (int64_t)kh * dk;
+    const float* qc = q + a * k_stride + (int64_t)kh * dk;
+    const float* vc = v + a * v_stride + (int64_t)h * dv;
+    if (tid == 0) {  // the reference's cumsum: one running float32 sum
+        float run = 0.0f;
+        for (int t = 0; t < n; t++) run = __fadd_rn(run, g[(int64_t)(a + t) * n_heads + h]), c[t] = run;
+    }
+    for (int t = tid; t < n; t += blockDim.x) bt[t] = beta[(int64_t)(a + t) * n_heads + h];
+    __syncthreads();
+    float* qk_rows = qk + ((int64_t)h * n_tok + a) * CHUNK_MAX;
+    for (int e = tid; e < n * n; e += blockDim.x) {
+        const int t = e / n, j = e % n;
+        float kk = 0.0f, qq = 0.0f;
+        if (j <= t) {
+            for (int i = 0; i < dk; i++) {
+                const float kj = kc[j * k_stride + i];
+                kk = fmaf(kc[t * k_stride + i], kj, kk);
+                qq = fmaf(__fmul_rn(qc[t * k_stride + i], scale), kj, qq);
+            }
+        }
+        const float decay = j <= t ? expf(__fsub_rn(c[t], c[j])) : 0.0f;
+        m[t][j] = j < t ? __fmul_rn(__fmul_rn(kk, decay), bt[t]) : 0.0f;
+        qk_rows[(int64_t)t * CHUNK_MAX + j] = __fmul_rn(qq, decay);
+    }
+    __syncthreads();
+    // T's strictly lower part replaces A's row by row: T[t, m] = -(A[t, m] + sum_{m<j<t} A[t, j] T[j, m])
+    for (int t = 1; t < n; t++) {
+        float tm = 0.0f;
+        if (tid < t) {
+            tm = m[t][tid];
+            for (int j = tid + 1; j < t; j++) tm = fmaf(m[t][j], m[j][tid], tm);
+        }
+        __syncthreads();
+        if (tid < t) m[t][tid] = -tm;
+        __syncthreads();
+    }
+    float* wc = w + ((int64_t)h * n_tok + a) * dk;
+    for (int e = tid; e < n * dk; e += blockDim.x) {
+        const int t = e / dk, i = e % dk;
+        float acc = __fmul_rn(__fmul_rn(bt[t], expf(c[t])), kc[t * k_stride + i]);  // T[t, t] = 1
+        for (int j = 0; j < t; j++) acc = fmaf(m[t][j], __fmul_rn(__fmul_rn(bt[j], expf(c[j])), kc[j * k_stride + i]), acc);
+        wc[e] = acc;
+    }
+    float* uc = u + ((int64_t)h * n_tok + a) * dv;
+    for (int e = tid; e < n * dv; e += blockDim.x) {
+        const int t = e / dv, col = e % dv;
+        float acc = __fmul_rn(bt[t], vc[t * v_stride + col]);
+        for (int j = 0; j < t; j++) acc = fmaf(m[t][j], __fmul_rn(bt[j], vc[j * v_stride + col]), acc);
+        uc[e] = acc;
+    }
+    for (int t = tid; t < n; t += blockDim.x) cum[(int64_t)h * n_tok + a + t] = c[t];
+}
+
+// The chunked form's scan: SCAN_COLUMNS columns of a value head's state a block, through the batch's chunks in
+// turn. Per chunk, with S0 the state at its start and c_L its last cumulative log-decay:
+//   D = U - W S0;  o = exp(c) (Q S0) + QK D;  S = exp(c_L) S0 + (exp(c_L - c) K)^T D.
+// LAUNCH: block 256, grid = (H, ceil(dv / SCAN_COLUMNS)); dk <= DELTA_MAX_DK, chunk <= CHUNK_MAX.
+extern "C" __global__ void delta_rule_chunk_scan(const float* q, const float* k, const float* w, const float* u,
+                                                 const float* qk, const float* cum, float* state, float* out, int n_tok,
+                                                 int n_heads, int k_heads, int dk, int dv, int tiled, float scale, int chunk,
+                                                 int fresh) {
+    __shared__ float x[CHUNK_MAX * DELTA_MAX_DK];  // W, then Q, then the decayed K of the chunk: (n, dk)
+    __shared__ float s[DELTA_MAX_DK][SCAN_COLUMNS];
+    __shared__ float d[CHUNK_MAX][SCAN_COLUMNS];
+    __shared__ float c[CHUNK_MAX];
+    const int h = blockIdx.x, c0 = blockIdx.y * SCAN_COLUMNS, tid = threadIdx.x;
+    const int col = tid % SCAN_COLUMNS, lane_row = tid / SCAN_COLUMNS, row_step = blockDim.x / SCAN_COLUMNS;
+    const bool live = c0 + col < dv;
+    const int kh = key_head(h, n_heads, k_heads, tiled);
+    const int64_t k_stride = (int64_t)k_heads * dk;
+    float* sh = state + (int64_t)h * dk * dv + c0;
+    for (int i = lane_row; i < dk; i += row_step) s[i][col] = fresh || !live ? 0.0f : sh[(int64_t)i * dv + col];
+    for (int a = 0; a < n_tok; a += chunk) {
+        const int n = min(chunk, n_tok - a);
+        const float* wc = w + ((int64_t)h * n_tok + a) * dk;
+        const float* uc = u + ((int64_t)h * n_tok + a) * dv;
+        const float* qkc = qk + ((int64_t)h * n_tok + a) * CHUNK_MAX;
+        __syncthreads();  // the last chunk's readers of x, d and c are done
+        for (int e = tid; e < n * dk; e += blockDim.x) x[e] = wc[e];
+        for (int t = tid; t < n; t += blockDim.x) c[t] = cum[(int64_t)h * n_tok + a + t];
+        __syncthreads();
+        for (int t = lane_row; t < n; t += row_step) {
+            float ws = 0.0f;
+            for (int i = 0; i < dk; i++) ws = fmaf(x[t * dk + i], s[i][col], ws);
+            d[t][col] = live ? __fsub_rn(uc[(int64_t)t * dv + c0 + col], ws) : 0.0f;
+        }
+        __syncthreads();
+        for (int e = tid; e < n * dk; e += blockDim.x)
+            x[e] = __fmul_rn(q[(a + e / dk) * k_stride + (int64_t)kh * dk + e % dk], scale);
+        __syncthreads();
+        for (int t = lane_row; t < n; t += row_step) {
+            float qs = 0.0f, qd = 0.0f;
+            for (int i = 0; i < dk; i++) qs = fmaf(x[t * dk + i], s[i][col], qs);
+            for (int j = 0; j <= t; j++) qd = fmaf(qkc[(int64_t)t * CHUNK_MAX + j], d[j][col], qd);
+            if (live) out[(int64_t)(a + t) * n_heads * dv + (int64_t)h * dv + c0 + col] = __fadd_rn(__fmul_rn(expf(c[t]), qs), qd);
+        }
+        __syncthreads();
+        const float last = c[n - 1];
+        for (int e = tid; e < n * dk; e += blockDim.x)
+            x[e] = __fmul_rn(k[(a + e / dk) * k_stride + (int64_t)kh * dk + e % dk], expf(__fsub_rn(last, c[e / dk])));
+        __syncthreads();
+        const float grow = expf(last);
+        for (int i = lane_row; i < dk; i += row_step) {
+            float kd = 0.0f;
+            for (int t = 0; t < n; t++) kd = fmaf(x[t * dk + i], d[t][col], kd);
+            s[i][col] = __fadd_rn(__fmul_rn(grow, s[i][col]), kd);
+        }
+    }
+    __syncthreads();
+    if (live)
+        for (int i = lane_row; i < dk; i += row_step) sh[(int64_t)i * dv + col] = s[i][col];
+}
