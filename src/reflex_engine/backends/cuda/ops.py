@@ -145,7 +145,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         if r:
             check_shape(r)
             kv_bytes += aligned(2 * r.nbytes)  # and their checkpoint
-        ints = {**{kind: 1 if kind == "start" else MAX_BATCH for kind in STEP_INTS}, "pairs": MAX_BATCH, "history": cache.capacity}
+        ints = {**{kind: 1 if kind == "start" else MAX_BATCH for kind in STEP_INTS}, "pairs": MAX_BATCH, "history": cache.capacity,
+                "mask": -(-activation_width // 32)}  # a constraint's packed mask (cuda/sampler.py): n_vocab bits fit
         # dequantized weight rows for the long-prompt GEMM: the largest matrix, up to a cap (more rows run in turns)
         self._w16_bytes = aligned(min(W16_MAX_BYTES, max((2 * math.prod(shape) for _, shape in tensors if len(shape) == 2), default=0)))
         chunk_bytes = aligned(chunk_scratch_bytes(r, MAX_BATCH)) if r else 0
