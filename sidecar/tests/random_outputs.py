@@ -37,23 +37,26 @@ def value(rng: random.Random, depth: int = 0):
 
 def output(rng: random.Random, names: list[str]) -> tuple[str, dict]:
     """A model's output and the message it means when tools were offered: reasoning, content and
-    tool calls ({"name", "arguments"} with arguments as the JSON text OpenAI's API carries)."""
+    tool calls ({"name", "arguments"}: arguments as the JSON text OpenAI's API carries, the model's
+    own where it wrote the name first, as Qwen3 is told to, else laid out as json.dumps does)."""
     reasoning = text(rng) if rng.random() < 0.6 else None
     content = text(rng) if rng.random() < 0.7 else ""
-    calls = [{"name": rng.choice(names), "arguments": {text(rng, 2): value(rng) for _ in range(rng.randint(0, 3))}}
-             for _ in range(rng.randint(0, 2))]
+    calls = [{"name": rng.choice(names), "arguments": {text(rng, 2): value(rng) for _ in range(rng.randint(0, 3))},
+              "name_first": rng.random() < 0.8, "separators": rng.choice([(", ", ": "), (",", ":")]),
+              "ascii": rng.random() < 0.5} for _ in range(rng.randint(0, 2))]
     out = ""
     if reasoning is not None:
         out += "<think>" + rng.choice(BLANKS) + reasoning + rng.choice(BLANKS) + "</think>" + rng.choice(BLANKS)
     out += content
     for call in calls:
-        separators = rng.choice([(", ", ": "), (",", ":")])
-        body = json.dumps({"name": call["name"], "arguments": call["arguments"]}, ensure_ascii=rng.random() < 0.5,
-                          separators=separators)
+        keys = ["name", "arguments"] if call["name_first"] else ["arguments", "name"]
+        body = json.dumps({key: call[key] for key in keys}, ensure_ascii=call["ascii"], separators=call["separators"])
         out += rng.choice(BLANKS) + "<tool_call>" + rng.choice(BLANKS) + body + rng.choice(BLANKS) + "</tool_call>"
     out += rng.choice(BLANKS) if calls else ""
     expected = {"reasoning": reasoning, "content": content or (None if calls else ""),
-                "calls": [{"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)} for c in calls]}
+                "calls": [{"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=c["ascii"],
+                                                                      separators=c["separators"])
+                           if c["name_first"] else json.dumps(c["arguments"], ensure_ascii=False)} for c in calls]}
     return out, expected
 
 

@@ -409,26 +409,31 @@ def finish_reason(result: dict, called: bool) -> str:
 def chat_message(pieces: list[Piece]) -> dict:
     """The assistant message the output's pieces (chat_output.py) make."""
     content = "".join(p.text for p in pieces if p.kind == "content")
-    calls = [p.call for p in pieces if p.call]
+    calls = []
+    for piece in pieces:
+        if piece.kind == "call":
+            calls.append({"id": piece.call.id, "type": "function", "function": {"name": piece.call.name, "arguments": ""}})
+        elif piece.kind == "arguments":
+            calls[-1]["function"]["arguments"] += piece.text
     message = {"role": "assistant", "content": content or (None if calls else ""), "refusal": None}
     if calls:
-        message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                 for c in calls]
+        message["tool_calls"] = calls
     reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
     if reasoning:
         message["reasoning_content"] = reasoning  # vLLM's and DeepSeek's name
     return message
 
 
-def piece_deltas(piece: Piece, index: int) -> list[dict]:
-    """A piece as stream deltas; a tool call (the index-th) as OpenAI streams one: its index, id and
-    name first, then its arguments."""
-    if piece.call is None:
-        return [{"reasoning_content" if piece.kind == "reasoning" else "content": piece.text}]
-    call = piece.call
-    return [{"tool_calls": [{"index": index, "id": call.id, "type": "function",
-                             "function": {"name": call.name, "arguments": ""}}]},
-            {"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]}]
+def piece_delta(piece: Piece, index: int) -> dict:
+    """A piece as a stream delta; index: the tool call's (from 0) that a "call" piece starts or an
+    "arguments" piece continues. A call streams as OpenAI streams one: index, id and name, then its
+    arguments in pieces."""
+    if piece.kind == "call":
+        return {"tool_calls": [{"index": index, "id": piece.call.id, "type": "function",
+                                "function": {"name": piece.call.name, "arguments": ""}}]}
+    if piece.kind == "arguments":
+        return {"tool_calls": [{"index": index, "function": {"arguments": piece.text}}]}
+    return {"reasoning_content" if piece.kind == "reasoning" else "content": piece.text}
 
 
 ROLE_DELTA = {"role": "assistant", "content": "", "refusal": None}  # a chat stream's first delta

@@ -7,41 +7,51 @@ Reasoning is recognised only where the output starts with `<think>`; tool calls 
 request offered tools. Text that could still be the start of a marker is held back until it is
 decided, so no markup is ever released as content; whatever else the model writes is content as
 it came. Streaming and whole answers both come from here, so the two always agree.
+
+A call written name first, as Qwen3 is told to write it, is released as soon as its name is
+known, and its arguments as they come (the JSON text as the model wrote it); one written in
+another order is released whole at its `</tool_call>`, its arguments as JSON text of our own.
 """
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import NamedTuple
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+# The head of a call written name first: {"name": "NAME", "arguments": (then the arguments' JSON, then "}")
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
 
 
 class ToolCall(NamedTuple):
     id: str
     name: str
-    arguments: str  # JSON text, as OpenAI's API carries it
 
 
 class Piece(NamedTuple):
-    """One part of the output: kind "reasoning" or "content" with text, or "tool_call" with call."""
+    """One part of the output: "reasoning" or "content" text; a tool call's start ("call", with its id
+    and name), then its "arguments" text, in one piece or several."""
 
     kind: str
     text: str = ""
     call: ToolCall | None = None
 
 
-def parse_tool_call(body: str) -> ToolCall | None:
-    """The call a `<tool_call>` block holds (`{"name": ..., "arguments": {...}}`), None if it is not one."""
+def _new_call(name: str) -> Piece:
+    return Piece("call", call=ToolCall(f"call_{uuid.uuid4().hex[:24]}", name))
+
+
+def _whole_call(body: str) -> list[Piece] | None:
+    """The pieces of a `<tool_call>` block's `{"name": ..., "arguments": {...}}`, None if it is not one."""
     try:
         call = json.loads(body)
     except ValueError:
         return None
     if not (isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get("arguments", {}), dict)):
         return None
-    arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False)
-    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", call["name"], arguments)
+    return [_new_call(call["name"]), Piece("arguments", json.dumps(call.get("arguments", {}), ensure_ascii=False))]
 
 
 def _undecided(text: str, marker: str) -> int:
@@ -57,7 +67,7 @@ class ChatOutput:
 
     def __init__(self, tools: bool):
         self.tools = tools  # whether `<tool_call>` blocks are calls (the request offered tools)
-        self.state = "start"  # start, reasoning, content, call
+        self.state = "start"  # start, reasoning, content, call (before its name), arguments
         self.pending = ""  # text not yet released
         self.trim = False  # drop the whitespace that follows a closed marker
 
@@ -111,16 +121,35 @@ class ChatOutput:
         return self._release("content", CALL_OPEN, final)
 
     def _call(self, final: bool):
+        head = _HEAD.match(self.pending)
+        if head:
+            self.pending, self.state, self.trim = self.pending[head.end():], "arguments", True
+            return [_new_call(json.loads(head.group(1)))]
         end = self.pending.find(CALL_CLOSE)
         if end < 0:
             if not final:
-                return None
+                return None  # its head may still come, or the block is read whole
             text, self.pending, self.state = CALL_OPEN + self.pending, "", "content"  # cut short: not a call
             return [Piece("content", text)]
         body, self.pending = self.pending[:end], self.pending[end + len(CALL_CLOSE):]
         self.state, self.trim = "content", True
-        call = parse_tool_call(body)
-        return [Piece("tool_call", call=call) if call else Piece("content", CALL_OPEN + body + CALL_CLOSE)]
+        return _whole_call(body) or [Piece("content", CALL_OPEN + body + CALL_CLOSE)]
+
+    def _arguments(self, final: bool):
+        """The arguments' text, all but the call's own closing brace (held back: any "}" may be it)."""
+        end = self.pending.find(CALL_CLOSE)
+        if end >= 0:
+            text = self.pending[:end].rstrip()
+            self.pending, self.state, self.trim = self.pending[end + len(CALL_CLOSE):], "content", True
+            return [Piece("arguments", text[:-1].rstrip() if text.endswith("}") else text)]
+        if final:  # cut short: what was written
+            text, self.pending, self.state = self.pending, "", "content"
+            return [Piece("arguments", text)]
+        brace = self.pending.rfind("}")
+        cut = min(len(self.pending) - _undecided(self.pending, CALL_CLOSE), brace if brace >= 0 else len(self.pending))
+        text = self.pending[:cut].rstrip()
+        self.pending = self.pending[len(text):]
+        return [Piece("arguments", text)] if text else None
 
     def _release(self, kind: str, marker: str, final: bool):
         """All but what could begin the marker and, before it, trailing whitespace (dropped if the marker comes)."""

@@ -264,8 +264,8 @@ class Run:
             return [_sse(api.chunk(self.call, self.meta, text=text))] if text else []
         events = []
         for piece in self.output.finish() if text is None else self.output.feed(text):
-            events += [_sse(api.chunk(self.call, self.meta, delta=d)) for d in api.piece_deltas(piece, self.calls)]
-            self.calls += piece.call is not None
+            self.calls += piece.kind == "call"
+            events.append(_sse(api.chunk(self.call, self.meta, delta=api.piece_delta(piece, self.calls - 1))))
         return events
 
     async def events(self, line: dict):
