@@ -38,6 +38,14 @@ from typing import NamedTuple
 PASSAGE = ("The committee met on a grey morning to review the quarterly figures, and the discussion soon turned to "
            "the question of whether the new warehouse in the north should open before the winter or wait until the "
            "roads were repaired in spring. Several members argued that delay would cost more than it saved. ")
+# --structured: a ~300-token extraction prompt and a small schema, launch -> valid JSON
+EXTRACTION = "\n\nFrom the minutes above, extract the meeting's topic, the decision taken and the number of members present, as JSON:\n"
+EXTRACTION_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["topic", "decision", "members"],
+                     "properties": {"topic": {"type": "string", "maxLength": 40},
+                                    "decision": {"enum": ["open before winter", "wait for spring", "undecided"]},
+                                    "members": {"type": "integer", "minimum": 0, "maximum": 99}}}
+EXTRACTION_TOKENS = 300
+STRUCTURED_PROMPT = "extraction"  # the prompt tag of those rows
 DRIVER_SETTINGS = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "1"}  # what Reflex sets
 PIPE_BUFFER = 4096  # stdio's buffer on a pipe: an unflushed echo arrives in pieces of this size
 RUN_TIMEOUT_S = 120
@@ -51,17 +59,26 @@ class Row(NamedTuple):
     first: str  # "line:PREFIX" | "bytes" (first stdout bytes) | "echo:N" (first bytes after N echoed) | "" (exit only)
     env: dict[str, str] = {}
     drop_cache: str = ""  # a file to evict from the page cache before each run
+    json_out: bool = False  # the run is ok only if its output holds a JSON object valid for EXTRACTION_SCHEMA
 
 
 # -- prompts ---------------------------------------------------------------------------------------
 
-def prompt_of(model_path: str, n_tokens: int) -> tuple[str, int]:
-    """The longest prefix of the repeated passage (whole words) that tokenizes to <= n_tokens."""
+def tokenizer_of(model_path: str):
     from reflex_engine.gguf import GGUFFile
     from reflex_engine.tokenizer import Tokenizer
 
     with GGUFFile(model_path) as f:
-        tok = Tokenizer.from_gguf(f)
+        return Tokenizer.from_gguf(f)
+
+
+def prompt_length(model_path: str, text: str) -> int:
+    return len(tokenizer_of(model_path).encode(text, add_bos=False))
+
+
+def prompt_of(model_path: str, n_tokens: int) -> tuple[str, int]:
+    """The longest prefix of the repeated passage (whole words) that tokenizes to <= n_tokens."""
+    tok = tokenizer_of(model_path)
     words = (PASSAGE * (1 + n_tokens // 40)).split()
     count = lambda k: len(tok.encode(" ".join(words[:k]), add_bos=False))
     lo, hi = 1, len(words)
@@ -120,6 +137,38 @@ def build_rows(args, prompts: dict[tuple[str, str], str]) -> list[Row]:
                 rows.append(Row(f"llama.cpp llama-completion --no-warmup -c {ctx}, dropped cache", tag, p,
                                 completion + ["--no-warmup"], "bytes", drop_cache=model))
     return rows
+
+
+def structured_rows(args, text: str) -> list[Row]:
+    """Reflex's --json-schema and llama.cpp's (its JSON-schema grammar) on the extraction prompt."""
+    tag, p = args.structured, STRUCTURED_PROMPT
+    model = dict(args.model)[tag]
+    schema = os.path.join(tempfile.mkdtemp(), "extraction.schema.json")
+    with open(schema, "w") as fh:
+        json.dump(EXTRACTION_SCHEMA, fh)
+    rows = [Row("Reflex generate --json-schema", tag, p,
+                [args.python, "-m", "reflex_engine", "generate", model, text, "--device", args.device, "--temp", "0",
+                 "--json-schema", schema, "-n", "128"], "bytes", json_out=True)]
+    if args.llama_bin:
+        rows.append(Row("llama.cpp llama-completion --no-warmup --json-schema", tag, p,
+                        [os.path.join(args.llama_bin, "llama-completion"), "-m", model, "-p", text, "-n", "128", "-ngl", "99",
+                         "-c", "1024", "-fit", "off", "-no-cnv", "--no-display-prompt", "--temp", "0", "--no-warmup",
+                         "--json-schema", json.dumps(EXTRACTION_SCHEMA)], "bytes", json_out=True))
+    return rows
+
+
+def valid_extraction(text: str) -> bool:
+    """The first JSON object in the output, checked against EXTRACTION_SCHEMA by hand (the harness
+    needs nothing installed for it)."""
+    at = text.find("{")
+    try:
+        doc, _ = json.JSONDecoder().raw_decode(text[at:]) if at >= 0 else (None, 0)
+    except ValueError:
+        return False
+    props = EXTRACTION_SCHEMA["properties"]
+    return (isinstance(doc, dict) and set(doc) == set(props) and isinstance(doc["topic"], str)
+            and len(doc["topic"]) <= props["topic"]["maxLength"] and doc["decision"] in props["decision"]["enum"]
+            and type(doc["members"]) is int and 0 <= doc["members"] <= 99)
 
 
 def prepared_copy(model: str, python: str) -> str | None:
@@ -194,7 +243,7 @@ def run_once(row: Row, energy: Energy) -> dict:
         err.seek(0)
         stderr = err.read()[-2000:].decode(errors="replace")
     text = out.decode(errors="replace")
-    ok = rc == 0 and (first_ms is not None or not row.first)
+    ok = rc == 0 and (first_ms is not None or not row.first) and (not row.json_out or valid_extraction(text))
     return {"row": row.name, "model": row.model, "prompt": row.prompt, "rc": rc, "ok": ok, "first_ms": first_ms, "exit_ms": exit_ms,
             "j_first": None if e0 is None or e_first is None else e_first - e0, "j_exit": None if e0 is None else e_exit - e0,
             "phases": result_fields(text) if engine_of(row.name) == "reflex" else {},
@@ -385,6 +434,7 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=1e9, help="start no round that would end later than this")
     ap.add_argument("--extra-model", default="0.6b", help="the model of the dropped-cache rows")
     ap.add_argument("--extra-prompt", default="16")
+    ap.add_argument("--structured", metavar="TAG", help="add the structured-extraction rows on this model")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--resume", help="a results folder to add rounds to")
     ap.add_argument("--summarise", metavar="FOLDER", help="only rewrite FOLDER's table.md and phases.png from its raw.jsonl")
@@ -399,8 +449,13 @@ def main() -> None:
     for tag, path in args.model:
         for n in map(int, args.prompt_tokens.split(",")):
             prompts[tag, str(n)], counts[f"{tag}/{n}"] = prompt_of(path, n)
+    extraction = None
+    if args.structured:
+        path = dict(args.model)[args.structured]
+        extraction = prompt_of(path, EXTRACTION_TOKENS - 30)[0] + EXTRACTION
+        counts[f"{args.structured}/{STRUCTURED_PROMPT}"] = prompt_length(path, extraction)
     meta["prompt_tokens"] = counts
-    rows = build_rows(args, prompts)
+    rows = build_rows(args, prompts) + (structured_rows(args, extraction) if extraction else [])
     for _, path in args.model:  # page cache warm
         with open(path, "rb") as fh:
             while fh.read(64 << 20):

@@ -6,7 +6,8 @@
 #               every golden fixture
 #   BENCH=1     random Qwen3-0.6B- and 8B-shaped files (QUANTS: q4_k_m q8_0), `reflex bench` on each
 #               and llama.cpp's llama-bench on the same files, after llama.cpp is built
-#   COLD=1      the cold-start harness (bench/cold_start.py) beside the floor and llama.cpp
+#   COLD=1      the cold-start harness (bench/cold_start.py) beside the floor and llama.cpp, with the
+#               structured-extraction rows on 0.6B (--json-schema, llama.cpp with its JSON-schema grammar)
 #   WITH_LLAMA=0  BENCH and COLD without llama.cpp, so without its build
 #   MOE=1       BENCH and COLD also on MoE-shaped files, MOE_SHAPES (default: 30b-a3b dsv2-lite, that is
 #               Qwen3-30B-A3B and DeepSeek-V2-Lite, Q4_K_M only; COLD: 16-token prompt, one table of their own)
@@ -135,7 +136,7 @@ if [ "${COLD:-0}" = 1 ]; then
     wait_peer  # nothing compiles beside the timings
     echo "harness starts at $(elapsed) s"
     llama_bin=; [ "${WITH_LLAMA:-1}" = 1 ] && llama_bin="--llama-bin $LLAMA"
-    python3 bench/cold_start.py --model 0.6b="$(model_file 0.6b q4_k_m)" --model 8b="$(model_file 8b q4_k_m)" \
+    python3 bench/cold_start.py --model 0.6b="$(model_file 0.6b q4_k_m)" --model 8b="$(model_file 8b q4_k_m)" --structured 0.6b \
         $llama_bin --floor-bin /tmp/floor --python /tmp/cold-venv/bin/python --n "${COLD_N:-10}" \
         --deadline-s $(( END - $(elapsed) - ${RESERVE_S:-0} )) --out "$OUT/cold" 2>&1 | tail -60
     left() { echo $(( END - $(elapsed) - ${SIDECAR:-0} * 40 )); }  # the sidecar's 40 s kept
