@@ -27,18 +27,28 @@ NAME = "qwen3-tools"
 CTX = ("-c", "2048")  # Qwen3's tool instructions are ~600 of the fixture's byte-sized tokens
 QWEN3_TEMPLATE = os.path.join(REPO, "tests", "chat_templates", "Qwen-Qwen3-0.6B.jinja")
 SEED = int.from_bytes(os.urandom(4), "little")
+CALL_TOKENS = (373, 374)  # <tool_call>, </tool_call> in qwen3_model()'s vocabulary
 USER = [{"role": "user", "content": "What is the weather like?"}]
 
 
 def qwen3_model(folder: str) -> str:
-    """The fixture (F32: gguf-py writes float tensors only) with Qwen3-0.6B's chat template."""
+    """The fixture (F32: gguf-py writes float tensors only) with Qwen3-0.6B's chat template, and
+    `<tool_call>`, `</tool_call>` as tokens of their own in place of two padding ones, as Qwen3's
+    vocabulary has them (user-defined, like the fixture's `<think>`)."""
     sys.path.insert(0, os.path.join(REPO, "tests"))
+    from gguf import GGUFReader
     from model_files import rewrite  # gguf-py, as the engine's tests write model files
 
+    source = FIXTURE.replace("Q8_0", "F32")
+    fields = GGUFReader(source).fields
+    tokens, types = fields["tokenizer.ggml.tokens"].contents(), fields["tokenizer.ggml.token_type"].contents()
+    assert tokens[CALL_TOKENS[0]:CALL_TOKENS[1] + 1] == [f"[PAD{i}]" for i in CALL_TOKENS]
+    for token, text in zip(CALL_TOKENS, ("<tool_call>", "</tool_call>")):
+        tokens[token], types[token] = text, types[tokens.index("<think>")]
     with open(QWEN3_TEMPLATE) as f:
         template = f.read()
-    return rewrite(FIXTURE.replace("Q8_0", "F32"), os.path.join(folder, "qwen3-tools.gguf"),
-                   values={"tokenizer.chat_template": template})
+    return rewrite(source, os.path.join(folder, "qwen3-tools.gguf"), values={
+        "tokenizer.chat_template": template, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types})
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +160,9 @@ def test_a_required_tool_call_round_trip(client, sidecar, reference, seed):
     validate("CreateChatCompletionResponse", answer.model_dump(exclude_unset=True))
     sent = last_request(sidecar)
     assert sent["prompt"] == expected_ids(reference, USER, tools=tools) and "messages" not in sent
+    # the markup is written with the model's own tokens for it, not spelled out
+    tokens = [entry["line"] for entry in sidecar.lines() if entry["line"].get("type") == "result"][-1]["tokens"]
+    assert (tokens[0], tokens[-1]) == CALL_TOKENS
 
     # the call's result sent back in a tool message: both rendered by the template, and answered
     result = {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"result": random_name(rng)})}
@@ -258,6 +271,25 @@ def test_json_object_output_is_an_object(client):
             return
         assert content.startswith("{")
     pytest.fail("no JSON object was finished in 20 tries")
+
+
+@pytest.mark.parametrize("seed", [SEED + 6])
+def test_auto_with_a_response_format_answers_either_a_call_or_the_json(client, seed):
+    rng = random.Random(seed)
+    tools, schema = random_tools(rng, 2), random_parameters(rng)
+    seen = set()
+    for i in range(4):
+        answer = client.chat.completions.create(
+            model=NAME, messages=USER, tools=tools, max_tokens=300, seed=seed + i,
+            response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+        message = answer.choices[0].message
+        if message.tool_calls:
+            check_calls(message, tools)
+            seen.add("call")
+        elif answer.choices[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(message.content), schema)
+            seen.add("json")
+    assert seen
 
 
 # -- chat_template_kwargs --------------------------------------------------------------------------
