@@ -296,7 +296,9 @@ def literal(value) -> str:
 def accepted_by_llguidance(model, schema: dict, text: str) -> bool:
     """The oracle: llguidance's matcher for the schema, as a constrained generate builds it,
     takes the text's tokens and may end there."""
-    matcher = constraints.start(constraints.json_schema(schema), model.tokenizer)._matcher
+    guide = constraints.start(constraints.json_schema(schema), model.tokenizer)
+    guide.ready()
+    matcher = guide._matcher
     return all(matcher.consume_token(t) for t in model.tokenize(text, add_bos=False, parse_special=False)) and matcher.is_accepting()
 
 
@@ -434,3 +436,61 @@ def test_system1_schema_from_the_cli_and_the_ipc(tmp_path):
     assert [c["score"] for c in answers[1]["candidates"]] == [c["score"] for c in got["scores"]]  # the CLI's, exactly
     assert [answers[i].get("code") for i in (3, 4, 5)] == ["invalid_constraint", "invalid_request", "wrong_type"]
     assert "a string without enum or const" in answers[3]["message"]
+
+
+# -- the first constraint's cost: a vocabulary built on a thread, token bytes from `reflex prepare` ---
+
+def test_prepared_token_bytes_are_the_tokenizers_and_a_stale_section_is_ignored(tmp_path):
+    import shutil
+
+    from reflex_engine import sidecar
+    from reflex_engine.gguf import GGUFFile
+
+    path = str(tmp_path / "m.gguf")
+    shutil.copy(GOLDEN_QWEN3, path)
+    file = ModelFile(path)
+    assert constraints.prepared_token_bytes(file.gguf, file.tokenizer.n_vocab) is None  # not prepared yet
+    done = run_cli("prepare", path)
+    assert done.returncode == 0, done.stderr
+    file = ModelFile(path)
+    want = [file.tokenizer.token_bytes(i) for i in range(file.tokenizer.n_vocab)]
+    assert constraints.prepared_token_bytes(file.gguf, file.tokenizer.n_vocab) == want
+    # what llguidance gets: the same from the sidecar as computed
+    assert constraints._Encoder(file.tokenizer, file.gguf).tokens == constraints._Encoder(file.tokenizer).tokens
+    # the same section under another tokenizer's fingerprint: ignored
+    section = sidecar.read_section(path, constraints.TOKEN_BYTES_SECTION)
+    sidecar.write_sections(path, {constraints.TOKEN_BYTES_SECTION: {**section, "fingerprint": (0, "little", 1, 2)}})
+    assert constraints.prepared_token_bytes(GGUFFile(path), file.tokenizer.n_vocab) is None
+    sidecar.write_sections(path, {constraints.TOKEN_BYTES_SECTION: {**section, "offsets": section["offsets"][:-4]}})
+    assert constraints.prepared_token_bytes(GGUFFile(path), file.tokenizer.n_vocab) is None
+
+
+def test_a_constrained_run_reports_constraint_ms_and_never_imports_the_llguidance_package(tmp_path):
+    """The native module is loaded alone: the package's __init__ (importlib.metadata) stays out."""
+    code = ("import sys, json, reflex_engine; from reflex_engine import constraints; "
+            f"m = reflex_engine.load({GOLDEN_QWEN3!r}, device='cpu'); "
+            "g = m.generate('x', max_tokens=8, constraint=constraints.regex('[0-9]{3}')); list(g); "
+            "print(json.dumps([g.text, 'llguidance' in sys.modules, 'llguidance._lib' in sys.modules, 'importlib.metadata' in sys.modules, g.timings]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text, package, native, metadata, timings = json.loads(done.stdout)
+    assert re.fullmatch("[0-9]{3}", text) and native and not package and not metadata
+    assert timings["constraint_ms"] > 0 and timings["constraint_ms"] <= timings["first_token_ms"]
+    done = run_cli("generate", GOLDEN_QWEN3, "hi", "--regex", "[ab]{3}", "--device", "cpu", "-n", "5")
+    assert done.returncode == 0 and "constraint_ms=" in done.stdout.splitlines()[-1], done.stderr
+    done = run_cli("generate", GOLDEN_QWEN3, "hi", "--device", "cpu", "-n", "2")
+    assert done.returncode == 0 and "constraint_ms=" not in done.stdout, done.stdout
+
+
+def test_a_vocabulary_build_that_fails_on_its_thread_raises_where_the_mask_is_wanted(model, monkeypatch):
+    from reflex_engine.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(model.tokenizer.vocab)  # a fresh one: no vocabulary built for it yet
+
+    def broken(self, *args):
+        raise ReflexError("the vocabulary broke")
+
+    monkeypatch.setattr(constraints._Encoder, "__init__", broken)
+    guide = constraints.start(constraints.regex("a+"), tokenizer)  # the grammar is checked without the vocabulary
+    with pytest.raises(ReflexError, match="the vocabulary broke"):
+        guide.mask()

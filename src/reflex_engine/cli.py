@@ -70,7 +70,11 @@ def cmd_prepare(args) -> int:
     with GGUFFile(args.model, use_sidecar=False) as f:
         sections = {"layout": layout_section(f)}
         if "tokenizer.ggml.model" in f.metadata:
+            from .constraints import TOKEN_BYTES_SECTION, token_bytes_section
+            from .tokenizer import Tokenizer
+
             sections["tokenizer"] = prepare_tokenizer(f)
+            sections[TOKEN_BYTES_SECTION] = token_bytes_section(f, Tokenizer.from_gguf(f, use_cache=False))  # a constraint's vocabulary
     path = sidecar.write_sections(args.model, sections)
     print(f"wrote {path} ({', '.join(sections)})")
     if args.system_prompt is not None:
@@ -121,14 +125,20 @@ def _model_and_prompt(args) -> tuple[str, str]:
     return _resolve_model(args.inputs[0]), args.inputs[1]
 
 
-def _open_and_encode(args, output_tokens):
+def _open_and_encode(args, output_tokens, constrained: bool = False):
     """The host work, beside the driver's init (main started it): open the file, render and
     encode the prompt; then the backend. output_tokens(file) is how many tokens the request adds
-    to the prompt (None: unbounded), for the default context size."""
+    to the prompt (None: unbounded), for the default context size. constrained: start building
+    the constraint's vocabulary (a thread) as soon as the tokenizer exists."""
     from .engine import ModelFile
 
     path, prompt = _model_and_prompt(args)
     file = ModelFile(path)
+    if constrained:
+        from . import constraints
+
+        with file.timings.phase("constraint"):
+            constraints.prepare(file.tokenizer, file.gguf)
     for adapter, scale in _loras(args):
         file.add_lora(adapter, scale)
     if args.chat:
@@ -174,7 +184,8 @@ def cmd_generate(args) -> int:
                               repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
                               repeat_last_n=args.repeat_last_n, seed=None if args.seed < 0 else args.seed)
     constraint = _constraint(args)
-    model, ids = _open_and_encode(args, lambda file: None if args.max_tokens == -1 else args.max_tokens + _imported(args))
+    model, ids = _open_and_encode(args, lambda file: None if args.max_tokens == -1 else args.max_tokens + _imported(args),
+                                  constrained=constraint is not None)
     gen = model.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop, ignore_eos=args.ignore_eos,
                          import_kv=args.import_kv, export_kv=args.export_kv, constraint=constraint)
     for event in gen:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import threading
 import weakref
 from typing import NamedTuple
 
@@ -16,7 +17,7 @@ from .errors import ReflexError
 KINDS = ("json_schema", "json_object", "regex", "grammar")
 # Fixed separators: a flexible-whitespace JSON grammar lets a small model pad forever.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-_vocabularies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Tokenizer -> llguidance's tokenizer
+_vocabularies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Tokenizer -> its _VocabularyBuild
 
 
 class ConstraintError(ReflexError):
@@ -51,37 +52,67 @@ def grammar(text: str) -> Constraint:
 
 class Guide:
     """One generation's grammar state: the mask of tokens allowed next, packed as llguidance
-    writes it (bit i of 32-bit word j allows token 32j + i: the form a device can upload)."""
+    writes it (bit i of 32-bit word j allows token 32j + i: the form a device can upload).
+    The matcher is made at the first mask, so the vocabulary's build (a thread) runs beside the
+    prompt's evaluation."""
 
-    def __init__(self, matcher, n_vocab: int):
-        self._matcher = matcher
+    def __init__(self, make_matcher, n_vocab: int):
+        self._make_matcher, self._matcher = make_matcher, None
         self._mask = (ctypes.c_uint32 * ((n_vocab + 31) // 32))()
+
+    def ready(self) -> None:
+        """Wait for the vocabulary and make the matcher (the first mask does it otherwise)."""
+        if self._matcher is None:
+            self._matcher = self._make_matcher()
 
     def mask(self):
         """The packed mask for the next token (one buffer, rewritten every step)."""
+        self.ready()
         self._matcher.unsafe_compute_mask_ptr(ctypes.addressof(self._mask), ctypes.sizeof(self._mask))
         return self._mask
 
     def advance(self, token: int) -> None:
+        self.ready()
         if not self._matcher.consume_token(token):
             raise ReflexError(f"internal error: the grammar refused token {token} its own mask allowed: {self._matcher.get_error()}")
 
     @property
     def done(self) -> bool:
         """The output is complete: the grammar allows nothing more but the end."""
+        self.ready()
         return self._matcher.is_stopped()
 
 
-def start(constraint: Constraint, tokenizer) -> Guide:
-    """The compiled constraint, ready for its first token; ConstraintError for a bad one."""
-    llg = _llguidance()
+def prepare(tokenizer, gguf_file=None) -> None:
+    """Start building llguidance's view of the vocabulary on a thread, if not yet begun: a caller
+    that knows a constraint is coming calls this as soon as the tokenizer exists (the CLI: before
+    the model loads). gguf_file: the model's, whose `reflex prepare` sidecar may hold the token
+    bytes. Raises ReflexError without llguidance."""
+    if tokenizer not in _vocabularies:
+        _vocabularies[tokenizer] = _VocabularyBuild(_llguidance(), tokenizer, gguf_file)
+
+
+def start(constraint: Constraint, tokenizer, gguf_file=None) -> Guide:
+    """The compiled constraint, checked now (ConstraintError for a bad one); its matcher is made
+    at the first mask, once the vocabulary's build (prepare) has ended."""
     if constraint.kind not in KINDS:
         raise ConstraintError(f"unknown constraint kind {constraint.kind!r} (one of {', '.join(KINDS)})")
+    llg = _llguidance()
+    prepare(tokenizer, gguf_file)
     source = _grammar_source(llg, constraint)
-    matcher = llg.LLMatcher(_vocabulary(llg, tokenizer), source, log_level=0)
-    if matcher.is_error():
-        raise ConstraintError(f"invalid {constraint.kind.replace('_', ' ')}: {_one_line(matcher.get_error())}")
-    return Guide(matcher, tokenizer.n_vocab)
+    what = f"invalid {constraint.kind.replace('_', ' ')}"
+    if llg.LLMatcher.validate_grammar(source):  # without the vocabulary; the matcher checks again with it
+        matcher = llg.LLMatcher(_vocabularies[tokenizer].result(), source, log_level=0)
+        if matcher.is_error():
+            raise ConstraintError(f"{what}: {_one_line(matcher.get_error())}")
+
+    def make_matcher():
+        matcher = llg.LLMatcher(_vocabularies[tokenizer].result(), source, log_level=0)
+        if matcher.is_error():
+            raise ConstraintError(f"{what}: {_one_line(matcher.get_error())}")
+        return matcher
+
+    return Guide(make_matcher, tokenizer.n_vocab)
 
 
 def _grammar_source(llg, c: Constraint) -> str:
@@ -92,31 +123,50 @@ def _grammar_source(llg, c: Constraint) -> str:
             return llg.LLMatcher.grammar_from_json_schema(c.source, defaults=JSON_OPTIONS)
         if c.kind == "regex":
             return llg.LLMatcher.grammar_from_regex(c.source)
-        return llg.grammar_from("grammar", c.source)  # Lark as is, GBNF converted to Lark
+        from llguidance import grammar_from  # the package itself: its GBNF converter is Python
+
+        return grammar_from("grammar", c.source)  # Lark as is, GBNF converted to Lark
     except (ValueError, TypeError) as e:  # not JSON, or a GBNF the converter cannot read
         raise ConstraintError(f"invalid {c.kind.replace('_', ' ')}: {_one_line(str(e))}") from None
 
 
-def _vocabulary(llg, tokenizer):
-    """llguidance's view of the vocabulary, built once per tokenizer (151k tokens: ~0.9 s, docs/perf-notes.md)."""
-    vocab = _vocabularies.get(tokenizer)
-    if vocab is None:
-        vocab = _vocabularies[tokenizer] = llg.LLTokenizer(llg.TokenizerWrapper(_Encoder(tokenizer)),
-                                                           eos_token=sorted(tokenizer.eog_ids) or None)
-    return vocab
+class _VocabularyBuild:
+    """llguidance's tokenizer for one Tokenizer, built on a thread: its Rust part (most of the
+    ~0.5-1 s for 151k tokens, docs/perf-notes.md) runs without the GIL, beside the model's load
+    and the prompt's evaluation."""
+
+    def __init__(self, llg, tokenizer, gguf_file):
+        self._vocabulary = self._error = None
+        self._thread = threading.Thread(target=self._build, args=(llg, tokenizer, gguf_file),
+                                        name="reflex-constraint-vocabulary", daemon=True)
+        self._thread.start()
+
+    def _build(self, llg, tokenizer, gguf_file) -> None:
+        try:
+            self._vocabulary = llg.LLTokenizer(_Encoder(tokenizer, gguf_file), eos_token=sorted(tokenizer.eog_ids) or None)
+        except BaseException as e:  # raised again on the thread that asks for it
+            self._error = e
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._vocabulary
 
 
 class _Encoder:
-    """The attributes and call llguidance's TokenizerWrapper reads off a tokenizer."""
+    """What llguidance reads off a tokenizer (its TokenizerWrapper's attributes and call)."""
 
-    def __init__(self, tokenizer):
+    is_tokenizer_wrapper = True
+
+    def __init__(self, tokenizer, gguf_file=None):
         from .tokenizer.vocab import CONTROL, USER_DEFINED
 
         types = tokenizer.vocab.types
         self.eos_token_id = tokenizer.eos_id if tokenizer.eos_id is not None else min(tokenizer.eog_ids, default=0)
         self.bos_token_id = tokenizer.bos_id
         self.special_token_ids = [i for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
-        self.tokens = token_bytes(tokenizer)
+        self.tokens = (gguf_file is not None and prepared_token_bytes(gguf_file, tokenizer.n_vocab)) or token_bytes(tokenizer)
         for i in self.special_token_ids:
             # llguidance's mark of a special token (as its llama.cpp binding): never text in a grammar
             if types[i] == CONTROL or self.tokens[i][:1] == b"<" and self.tokens[i][-1:] == b">":
@@ -127,6 +177,42 @@ class _Encoder:
         if isinstance(text, bytes):
             text = text.decode("utf-8", "replace")
         return self._tokenizer.encode(text, add_bos=False, parse_special=False)
+
+
+# -- token bytes in the `reflex prepare` sidecar (sidecar.py) ---------------------------------------
+
+TOKEN_BYTES_SECTION = "token_bytes"
+
+
+def token_bytes_section(gguf_file, tokenizer) -> dict:
+    """The sidecar section `reflex prepare` writes: every token's bytes as one blob and offsets,
+    keyed by the tokenizer's fingerprint (a stale section is ignored)."""
+    from array import array
+    from itertools import accumulate
+
+    from .tokenizer.cache import tokenizer_fingerprint
+
+    pieces = token_bytes(tokenizer)
+    offsets = array("I", accumulate(map(len, pieces), initial=0))
+    return {"fingerprint": tokenizer_fingerprint(gguf_file), "blob": b"".join(pieces), "offsets": offsets.tobytes()}
+
+
+def prepared_token_bytes(gguf_file, n_vocab: int) -> list[bytes] | None:
+    """The token bytes from the sidecar section, or None where there is none fit for this file."""
+    from array import array
+
+    from . import sidecar
+    from .tokenizer.cache import tokenizer_fingerprint
+
+    section = sidecar.read_section(gguf_file.path, TOKEN_BYTES_SECTION)
+    try:
+        blob, offsets = section["blob"], array("I", section["offsets"])
+        if (len(offsets) != n_vocab + 1 or offsets[0] != 0 or offsets[-1] != len(blob)
+                or section["fingerprint"] != tokenizer_fingerprint(gguf_file)):
+            return None
+    except (TypeError, KeyError, ValueError):
+        return None
+    return list(map(blob.__getitem__, map(slice, offsets, offsets[1:])))
 
 
 def token_bytes(tokenizer) -> list[bytes]:
@@ -379,11 +465,40 @@ def _same(a, b) -> bool:
 
 
 def _llguidance():
+    """llguidance's native module, loaded without its package's __init__, which spends ~40-130 ms
+    in importlib.metadata for __version__ (and imports typing and dataclasses); the package is
+    imported only for a Lark/GBNF grammar's converter."""
+    import sys
+
+    native = sys.modules.get("llguidance._lib")
+    if native is not None:
+        return native
+    import importlib.machinery
+    import importlib.util
+    import os
+
     try:
-        import llguidance
-    except ImportError:
-        raise ReflexError("constraints need llguidance: pip install 'reflex-engine[structured]'") from None
-    return llguidance
+        package = importlib.util.find_spec("llguidance")
+    except (ImportError, ValueError):
+        package = None
+    if package is None or not package.submodule_search_locations:
+        raise ReflexError("constraints need llguidance: pip install 'reflex-engine[structured]'")
+    for folder in package.submodule_search_locations:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(folder, "_lib" + suffix)
+            if os.path.exists(path):
+                spec = importlib.util.spec_from_file_location("llguidance._lib", path)
+                native = importlib.util.module_from_spec(spec)
+                sys.modules["llguidance._lib"] = native  # where the package's own import finds it later
+                try:
+                    spec.loader.exec_module(native)
+                except BaseException:
+                    del sys.modules["llguidance._lib"]
+                    raise
+                return native
+    import llguidance  # an unusual layout: the package as it is
+
+    return llguidance._lib
 
 
 def _one_line(message: str) -> str:

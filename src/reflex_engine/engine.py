@@ -302,12 +302,15 @@ class Model:
         if any(not s for s in stop):
             raise ReflexError("a stop string must not be empty")
         self._check_export(export_kv)
-        guide = self._guide(constraint, ignore_eos)
+        timings = self.file.timings.fork()
+        guide = None
+        if constraint is not None:
+            with timings.phase("constraint"):
+                guide = self._guide(constraint, ignore_eos)
         sampler = self.ops.new_sampler(sampling or SamplingParams())
         if import_kv is not None:
             sampler.restore(start.state.sampler)
         eog = frozenset() if ignore_eos else self.tokenizer.eog_ids
-        timings = self.file.timings.fork()
         self._restore(start, timings)
         gen = Generation(len(ids), timings.phases)
         gen.cached_tokens = start.cached
@@ -325,7 +328,7 @@ class Model:
             raise ReflexError("ignore_eos and a constraint exclude each other: the grammar decides where the output ends")
         from .constraints import start
 
-        return start(constraint, self.tokenizer)
+        return start(constraint, self.tokenizer, self.file.gguf)
 
     def _note_upload(self, timings: Timings) -> None:
         """The weights' copy ran beside the first pass; its time goes on the result line once it
@@ -354,7 +357,12 @@ class Model:
         capacity = self.n_ctx if max_tokens == -1 else min(self.n_ctx, len(ids) + max_tokens)
         history, n_past = list(ids), len(ids)
         with timings.phase("prompt_eval"):
-            token, scored = self._choose(self._next_logits(Batch.causal(ids[cached:], cached)), history, sampler, n_top, guide)
+            logits = self._next_logits(Batch.causal(ids[cached:], cached))
+            if guide is not None:  # the vocabulary's build ran beside the pass (a device's may still run)
+                with timings.phase("constraint"):
+                    guide.ready()
+            token, scored = self._choose(logits, history, sampler, n_top, guide)
+            del logits  # the decode steps' logits take the same device buffer
         timings.mark("first_token")
         stream, text, emitted = self.tokenizer.stream(), "", 0
         decode_start = time.perf_counter()
