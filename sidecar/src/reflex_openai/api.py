@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from . import structured
 from .chat_output import Piece
 from .errors import APIError, bad, type_error
-from .structured import Tools
 from .template import template_variables
 
 
@@ -40,7 +39,7 @@ class Call:
     logprobs: bool = False
     top_logprobs: int = 0
     stop: list[str] = field(default_factory=list)
-    tools: Tools | None = None  # chat: the tools offered (none with tool_choice "none")
+    tools: structured.Tools | None = None  # chat: the tools offered (none with tool_choice "none")
     response_format: dict | None = None  # chat: the engine's constraint field for it
     template_variables: dict = field(default_factory=dict)  # chat: chat_template_kwargs
 
@@ -59,16 +58,16 @@ class Call:
 
 # Parameters of OpenAI's API we do not implement: accepted only when null or this neutral value.
 _CHAT_UNSUPPORTED = {"audio": None, "function_call": None, "functions": None, "modalities": None, "moderation": None,
-                     "prediction": None, "reasoning_effort": None,
-                     "service_tier": None, "store": False, "verbosity": None, "web_search_options": None, "metadata": None,
+                     "prediction": None, "reasoning_effort": None, "service_tier": None, "store": False,
+                     "verbosity": None, "web_search_options": None, "metadata": None,
                      "prompt_cache_key": None, "prompt_cache_retention": None, "safety_identifier": None,
                      "frequency_penalty": 0, "logit_bias": {}, "n": 1}
 _COMPLETION_UNSUPPORTED = {"echo": False, "suffix": None, "best_of": 1, "frequency_penalty": 0, "logit_bias": {}, "n": 1}
 _IGNORED = {"user"}  # an end-user id for abuse monitoring: nothing for us to do with it
+# chat_template_kwargs: vLLM's extension, the chat template's variables
 _CHAT_FIELDS = {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
                 "top_p", "stop", "seed", "logprobs", "top_logprobs", "presence_penalty", "tools", "tool_choice",
-                "parallel_tool_calls", "response_format",
-                "chat_template_kwargs"}  # vLLM's name for the chat template's variables
+                "parallel_tool_calls", "response_format", "chat_template_kwargs"}
 _COMPLETION_FIELDS = {"model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "stop", "seed",
                       "logprobs", "presence_penalty"}
 EXTENSIONS = {"top_k", "min_p", "repetition_penalty", "ignore_eos"}  # vLLM's names for the engine's extra samplers

@@ -164,15 +164,14 @@ class Sidecar:
                 raise api.bad("this model file has no chat template to render tools or chat_template_kwargs with",
                               "tools" if call.tools else "chat_template_kwargs")
             request = {k: v for k, v in request.items() if k != "messages"}
-            return {**request, "prompt": api.fallback_prompt(call.request["messages"]),
-                    "stop": [*call.stop, api.FALLBACK_STOP], **(call.response_format or {})}
+            request.update(prompt=api.fallback_prompt(call.request["messages"]), stop=[*call.stop, api.FALLBACK_STOP])
         template = await self._template() if call.renders_here else None
         request = {**request, **structured.constraint(call.tools, call.response_format, template and template.term)}
-        if template is None:
-            return request
-        tools = call.tools.functions if call.tools else None
-        ids = await asyncio.to_thread(template.prompt_ids, request.pop("messages"), tools, call.template_variables)
-        return {**request, "prompt": ids}
+        if template is not None:
+            tools = call.tools.functions if call.tools else None
+            request["prompt"] = await asyncio.to_thread(template.prompt_ids, request.pop("messages"), tools,
+                                                        call.template_variables)
+        return request
 
     async def _template(self) -> LocalTemplate:
         path = self.engine.info["model"]
