@@ -1,5 +1,6 @@
 """What the sidecar's tests share: starting a sidecar process (its engine behind engine_proxy.py),
-a `reflex stdio` reference process spoken to directly, and OpenAI's vendored response schemas."""
+a `reflex stdio` reference process spoken to directly, OpenAI's vendored response schemas, and
+the fixture model with Qwen3's chat template and tool-call tokens."""
 from __future__ import annotations
 
 import json
@@ -18,6 +19,8 @@ import jsonschema
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 FIXTURE = os.path.join(REPO, "tests", "goldens", "qwen3", "qwen3-Q8_0.gguf")  # tiny, random, has a chat template
+QWEN3_TEMPLATE = os.path.join(REPO, "tests", "chat_templates", "Qwen-Qwen3-0.6B.jinja")  # Qwen3-0.6B's own
+CALL_TOKENS = (373, 374)  # <tool_call>, </tool_call> in qwen3_model()'s vocabulary
 ENGINE = [sys.executable, "-m", "reflex_engine"]
 TIMEOUT = 60  # seconds anything may take before the test fails instead of hanging
 # One BLAS thread per engine: on a small shared machine, spinning BLAS threads made each request
@@ -45,6 +48,26 @@ with open(os.path.join(HERE, "openapi", "openai-schemas.json")) as f:
 def validate(schema: str, obj) -> None:
     """obj against the named schema of OpenAI's published OpenAPI spec."""
     jsonschema.Draft202012Validator({**OPENAPI, "$ref": f"#/components/schemas/{schema}"}).validate(obj)
+
+
+def qwen3_model(folder: str) -> str:
+    """The fixture (F32: gguf-py writes float tensors only) with Qwen3-0.6B's chat template, and
+    `<tool_call>`, `</tool_call>` as tokens of their own in place of two padding ones, as Qwen3's
+    vocabulary has them (user-defined, like the fixture's `<think>`)."""
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from gguf import GGUFReader
+    from model_files import rewrite  # gguf-py, as the engine's tests write model files
+
+    source = FIXTURE.replace("Q8_0", "F32")
+    fields = GGUFReader(source).fields
+    tokens, types = fields["tokenizer.ggml.tokens"].contents(), fields["tokenizer.ggml.token_type"].contents()
+    assert tokens[CALL_TOKENS[0]:CALL_TOKENS[1] + 1] == [f"[PAD{i}]" for i in CALL_TOKENS]
+    for token, text in zip(CALL_TOKENS, ("<tool_call>", "</tool_call>")):
+        tokens[token], types[token] = text, types[tokens.index("<think>")]
+    with open(QWEN3_TEMPLATE) as f:
+        template = f.read()
+    return rewrite(source, os.path.join(folder, "qwen3-tools.gguf"), values={
+        "tokenizer.chat_template": template, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types})
 
 
 def openai_sampling(**overrides) -> dict:

@@ -2,9 +2,11 @@
 from the markup's definition (Qwen3's chat template and its tool-call instructions), not from the
 sidecar's parser. Texts mix in pieces of the markers (`<tool`, `</think`, `<`) so that text held
 back as a possible marker is exercised; whole markers appear only where they mean something.
+Also random function tools, whose `parameters` have short instances (a random model finishes them).
 """
 import json
 import random
+import string
 
 MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 PARTS = ["a", "Z", "7", " ", "  ", "\n", "\t", "<", ">", "/", "<tool", "</think", "<think", "tool_call>", "{", "}",
@@ -71,3 +73,35 @@ def split(rng: random.Random, out: str) -> list[str]:
     """The text cut at random places, as an engine releases it token by token."""
     cuts = sorted(rng.sample(range(1, len(out)), min(len(out) - 1, rng.randint(0, len(out))))) if len(out) > 1 else []
     return [out[a:b] for a, b in zip([0, *cuts], [*cuts, len(out)])]
+
+
+def random_name(rng) -> str:
+    return rng.choice(string.ascii_letters) + "".join(rng.choices(string.ascii_letters + string.digits + "_-",
+                                                                  k=rng.randint(0, 12)))
+
+
+def random_parameters(rng) -> dict:
+    """A random object schema whose instances are short."""
+    properties = {}
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.choice(["enum", "integer", "boolean", "string"])
+        if kind == "enum":
+            schema = {"type": "string", "enum": [random_name(rng) for _ in range(rng.randint(1, 4))]}
+        elif kind == "integer":
+            low = rng.randint(-1000, 1000)
+            schema = {"type": "integer", "minimum": low, "maximum": low + rng.randint(0, 50)}
+        elif kind == "string":
+            schema = {"type": "string", "maxLength": rng.randint(0, 6)}
+        else:
+            schema = {"type": "boolean"}
+        properties[random_name(rng)] = schema
+    required = rng.sample(sorted(properties), rng.randint(0, len(properties)))
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+def random_tools(rng, n: int) -> list[dict]:
+    names = set()
+    while len(names) < n:
+        names.add(random_name(rng))
+    return [{"type": "function", "function": {"name": name, "description": f"does {name}",
+                                              "parameters": random_parameters(rng)}} for name in sorted(names)]

@@ -11,9 +11,11 @@ import sys
 import openai
 import pytest
 
-from openai_harness import HERE, TIMEOUT, Sidecar, sse_events, validate
-from random_outputs import output, split, without_tools
-from test_openai_tools import NAME, USER, qwen3_model, random_tools
+from openai_harness import HERE, TIMEOUT, Sidecar, qwen3_model, sse_events, validate
+from random_outputs import output, random_tools, split, without_tools
+
+NAME = "qwen3-scripted"
+USER = [{"role": "user", "content": "What is the weather like?"}]
 
 SEED = int.from_bytes(os.urandom(4), "little")
 

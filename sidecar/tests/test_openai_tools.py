@@ -12,8 +12,6 @@ chat_output.py: test_openai_parsing.py feeds it random Qwen3 markup through the 
 import json
 import os
 import random
-import string
-import sys
 
 import jsonschema
 import openai
@@ -21,34 +19,14 @@ import pytest
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from openai_harness import FIXTURE, REPO, TIMEOUT, Reference, Sidecar, openai_sampling, sse_events, validate
+from openai_harness import (CALL_TOKENS, QWEN3_TEMPLATE, TIMEOUT, Reference, Sidecar, openai_sampling, qwen3_model,
+                            sse_events, validate)
+from random_outputs import random_name, random_parameters, random_tools
 
 NAME = "qwen3-tools"
 CTX = ("-c", "2048")  # Qwen3's tool instructions are ~600 of the fixture's byte-sized tokens
-QWEN3_TEMPLATE = os.path.join(REPO, "tests", "chat_templates", "Qwen-Qwen3-0.6B.jinja")
 SEED = int.from_bytes(os.urandom(4), "little")
-CALL_TOKENS = (373, 374)  # <tool_call>, </tool_call> in qwen3_model()'s vocabulary
 USER = [{"role": "user", "content": "What is the weather like?"}]
-
-
-def qwen3_model(folder: str) -> str:
-    """The fixture (F32: gguf-py writes float tensors only) with Qwen3-0.6B's chat template, and
-    `<tool_call>`, `</tool_call>` as tokens of their own in place of two padding ones, as Qwen3's
-    vocabulary has them (user-defined, like the fixture's `<think>`)."""
-    sys.path.insert(0, os.path.join(REPO, "tests"))
-    from gguf import GGUFReader
-    from model_files import rewrite  # gguf-py, as the engine's tests write model files
-
-    source = FIXTURE.replace("Q8_0", "F32")
-    fields = GGUFReader(source).fields
-    tokens, types = fields["tokenizer.ggml.tokens"].contents(), fields["tokenizer.ggml.token_type"].contents()
-    assert tokens[CALL_TOKENS[0]:CALL_TOKENS[1] + 1] == [f"[PAD{i}]" for i in CALL_TOKENS]
-    for token, text in zip(CALL_TOKENS, ("<tool_call>", "</tool_call>")):
-        tokens[token], types[token] = text, types[tokens.index("<think>")]
-    with open(QWEN3_TEMPLATE) as f:
-        template = f.read()
-    return rewrite(source, os.path.join(folder, "qwen3-tools.gguf"), values={
-        "tokenizer.chat_template": template, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types})
 
 
 @pytest.fixture(scope="module")
@@ -90,38 +68,6 @@ def expected_ids(reference, messages, **variables) -> list[int]:
 
 def last_request(sidecar) -> dict:
     return [entry["line"] for entry in sidecar.lines() if entry["dir"] == "in"][-1]
-
-
-def random_name(rng) -> str:
-    return rng.choice(string.ascii_letters) + "".join(rng.choices(string.ascii_letters + string.digits + "_-",
-                                                                  k=rng.randint(0, 12)))
-
-
-def random_parameters(rng) -> dict:
-    """A random object schema whose instances are short (a random model must finish them)."""
-    properties = {}
-    for _ in range(rng.randint(1, 3)):
-        kind = rng.choice(["enum", "integer", "boolean", "string"])
-        if kind == "enum":
-            schema = {"type": "string", "enum": [random_name(rng) for _ in range(rng.randint(1, 4))]}
-        elif kind == "integer":
-            low = rng.randint(-1000, 1000)
-            schema = {"type": "integer", "minimum": low, "maximum": low + rng.randint(0, 50)}
-        elif kind == "string":
-            schema = {"type": "string", "maxLength": rng.randint(0, 6)}
-        else:
-            schema = {"type": "boolean"}
-        properties[random_name(rng)] = schema
-    required = rng.sample(sorted(properties), rng.randint(0, len(properties)))
-    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
-
-
-def random_tools(rng, n: int) -> list[dict]:
-    names = set()
-    while len(names) < n:
-        names.add(random_name(rng))
-    return [{"type": "function", "function": {"name": name, "description": f"does {name}",
-                                              "parameters": random_parameters(rng)}} for name in sorted(names)]
 
 
 def schema_of(tools, name) -> dict:
