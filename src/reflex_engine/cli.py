@@ -184,6 +184,10 @@ def cmd_generate(args) -> int:
                               repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
                               repeat_last_n=args.repeat_last_n, seed=None if args.seed < 0 else args.seed)
     constraint = _constraint(args)
+    if constraint is not None:
+        from .constraints import check
+
+        check(constraint)  # a bad one is refused before the model loads
     model, ids = _open_and_encode(args, lambda file: None if args.max_tokens == -1 else args.max_tokens + _imported(args),
                                   constrained=constraint is not None)
     gen = model.generate(ids, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop, ignore_eos=args.ignore_eos,

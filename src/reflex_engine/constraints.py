@@ -92,19 +92,25 @@ def prepare(tokenizer, gguf_file=None) -> None:
         _vocabularies[tokenizer] = _VocabularyBuild(_llguidance(), tokenizer, gguf_file)
 
 
-def start(constraint: Constraint, tokenizer, gguf_file=None) -> Guide:
-    """The compiled constraint, checked now (ConstraintError for a bad one); its matcher is made
-    at the first mask, once the vocabulary's build (prepare) has ended."""
+def check(constraint: Constraint) -> str:
+    """llguidance's grammar for the constraint, checked without a vocabulary (a few ms: the CLI
+    calls it before the model loads); ConstraintError, one line, for a bad one."""
     if constraint.kind not in KINDS:
         raise ConstraintError(f"unknown constraint kind {constraint.kind!r} (one of {', '.join(KINDS)})")
     llg = _llguidance()
-    prepare(tokenizer, gguf_file)
     source = _grammar_source(llg, constraint)
-    what = f"invalid {constraint.kind.replace('_', ' ')}"
-    if llg.LLMatcher.validate_grammar(source):  # without the vocabulary; the matcher checks again with it
-        matcher = llg.LLMatcher(_vocabularies[tokenizer].result(), source, log_level=0)
-        if matcher.is_error():
-            raise ConstraintError(f"{what}: {_one_line(matcher.get_error())}")
+    error = llg.LLMatcher.validate_grammar(source)  # the vocabulary's token checks wait for the matcher
+    if error:
+        raise ConstraintError(f"invalid {constraint.kind.replace('_', ' ')}: {_one_line(error)}")
+    return source
+
+
+def start(constraint: Constraint, tokenizer, gguf_file=None) -> Guide:
+    """The compiled constraint, checked now (ConstraintError for a bad one); its matcher is made
+    at the first mask, once the vocabulary's build (prepare) has ended."""
+    source = check(constraint)
+    prepare(tokenizer, gguf_file)
+    llg, what = _llguidance(), f"invalid {constraint.kind.replace('_', ' ')}"
 
     def make_matcher():
         matcher = llg.LLMatcher(_vocabularies[tokenizer].result(), source, log_level=0)
