@@ -141,6 +141,7 @@ def test_json_object_and_logprobs(model):
     (constraints.regex("(ab"), "invalid regex"),
     (constraints.grammar("start: foo"), "invalid grammar"),
     (constraints.Constraint("xml"), "unknown constraint kind"),
+    (constraints.json_schema({"enum": [1, -(2 ** 63) + 512]}), "below what the grammar engine takes"),  # llguidance: SIGSEGV
 ])
 def test_bad_constraints_are_one_line_errors(model, bad, message):
     with pytest.raises(constraints.ConstraintError, match=message) as e:

@@ -98,6 +98,8 @@ def check(constraint: Constraint) -> str:
     if constraint.kind not in KINDS:
         raise ConstraintError(f"unknown constraint kind {constraint.kind!r} (one of {', '.join(KINDS)})")
     llg = _llguidance()
+    if constraint.kind == "json_schema":
+        _refuse_crashing_integers(constraint.source)
     source = _grammar_source(llg, constraint)
     error = llg.LLMatcher.validate_grammar(source)  # the vocabulary's token checks wait for the matcher
     if error:
@@ -119,6 +121,24 @@ def start(constraint: Constraint, tokenizer, gguf_file=None) -> Guide:
         return matcher
 
     return Guide(make_matcher, tokenizer.n_vocab)
+
+
+LLGUIDANCE_INT_FLOOR = -(1 << 63) + 512  # llguidance 1.9.1 dies (SIGSEGV) on an integer at or below it
+
+
+def _refuse_crashing_integers(schema_text: str) -> None:
+    """A one-line error, not a crashed process, for the integers llguidance cannot take (an enum
+    or const of -2^63 + 512 or less: their double is -2^63)."""
+    def integer(text: str) -> int:
+        if int(text) <= LLGUIDANCE_INT_FLOOR:
+            raise ConstraintError(f"invalid json schema: the integer {text} is below what the grammar engine takes "
+                                  f"({LLGUIDANCE_INT_FLOOR + 1} and up)")
+        return 0
+
+    try:
+        json.loads(schema_text, parse_int=integer)
+    except ValueError:  # not JSON: the grammar engine says so
+        pass
 
 
 def _grammar_source(llg, c: Constraint) -> str:
