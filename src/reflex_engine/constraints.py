@@ -17,6 +17,8 @@ from .errors import ReflexError
 KINDS = ("json_schema", "json_object", "regex", "grammar")
 # Fixed separators: a flexible-whitespace JSON grammar lets a small model pad forever.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_checked: dict = {}  # Constraint -> its checked grammar: the CLI checks before the load, generate again
+_CHECKED_MAX = 64
 _vocabularies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Tokenizer -> its _VocabularyBuild
 
 
@@ -95,6 +97,9 @@ def prepare(tokenizer, gguf_file=None) -> None:
 def check(constraint: Constraint) -> str:
     """llguidance's grammar for the constraint, checked without a vocabulary (a few ms: the CLI
     calls it before the model loads); ConstraintError, one line, for a bad one."""
+    source = _checked.get(constraint)
+    if source is not None:
+        return source
     if constraint.kind not in KINDS:
         raise ConstraintError(f"unknown constraint kind {constraint.kind!r} (one of {', '.join(KINDS)})")
     llg = _llguidance()
@@ -104,6 +109,9 @@ def check(constraint: Constraint) -> str:
     error = llg.LLMatcher.validate_grammar(source)  # the vocabulary's token checks wait for the matcher
     if error:
         raise ConstraintError(f"invalid {constraint.kind.replace('_', ' ')}: {_one_line(error)}")
+    if len(_checked) >= _CHECKED_MAX:
+        _checked.pop(next(iter(_checked)))
+    _checked[constraint] = source
     return source
 
 
