@@ -308,15 +308,17 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
     }
 }
 
-// y (n_tok, n_rows) = x_deq · Wᵀ for n_tok <= 8, from quantize_x16's xq and xds of x (n_tok, n_cols).
-// A block computes X16_ROWS (2) rows; its threads stride together over the rows' 32-element units.
+// y (n_tok, n_rows) = x_deq · Wᵀ, from quantize_x16's xq and xds of x (n_tok, n_cols), in passes of 8 tokens,
+// one a blockIdx.y. A block computes X16_ROWS (2) rows; its threads stride together over the rows' 32-element units.
 // LAUNCH: block = 32 · min(4, ceil(n_cols / 1024)) threads (a multiple of 32, at most X16_THREADS);
-// grid.x = ceil(n_rows / X16_ROWS); n_cols a multiple of the type's block. 5 blocks an SM, as matvec.cu.
+// grid = (ceil(n_rows / X16_ROWS), ceil(n_tok / 8)); n_cols a multiple of the type's block. 5 blocks an SM, as matvec.cu.
 #define MATVEC_X16_KERNEL(name, B)                                                                          \
     extern "C" __global__ void __launch_bounds__(X16_THREADS, 5)                                            \
         matvec_x16_##name(const uint8_t* W, const uint8_t* xq, const float2* xds, float* y, int n_rows,     \
                           int n_cols, int n_tok) {                                                          \
-        matvec_x16<B>(W, xq, xds, y, n_rows, n_cols, n_tok);                                                \
+        const size_t t0 = (size_t)blockIdx.y * X16_MAX_TOKENS;                                              \
+        matvec_x16<B>(W, xq + 2 * t0 * n_cols, xds + t0 * n_cols / 32, y + t0 * n_rows, n_rows, n_cols,     \
+                      min(X16_MAX_TOKENS, n_tok - (int)t0));                                                \
     }
 MATVEC_X16_KERNEL(q4_0, block_q4_0)
 MATVEC_X16_KERNEL(q5_0, block_q5_0)

@@ -154,7 +154,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
                    + self._w16_bytes + ATTENTION_PARTIALS_BYTES + chunk_bytes)
         # a matvec pass's x as int16 blocks (2 bytes an element, then 8 bytes (d, d·Σq) a block of 32)
         self._x16_width = max([activation_width] + [shape[0] for _, shape in tensors if len(shape) == 2])
-        x16_bytes = aligned(2 * MATVEC_MAX_TOKENS * self._x16_width) + aligned(MATVEC_MAX_TOKENS * self._x16_width // 4)
+        x16_bytes = aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width) + aligned(MATVEC_PASSES_MAX_TOKENS * self._x16_width // 4)
         scratch += x16_bytes
         # three pools: decode-sized buffers (a step's addresses never move), the same for a captured
         # decode step alone (graph.py), and whole-pass ones
@@ -176,8 +176,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._partials = s.carve(ATTENTION_PARTIALS_BYTES)
         self._chunk_scratch = s.carve(chunk_bytes) if chunk_bytes else 0
         self._xq = s.carve(x16_bytes)
-        self._xds = self._xq + aligned(2 * MATVEC_MAX_TOKENS * self._x16_width)
-        self._x16_of: tuple[Tensor, int, int] | None = None  # (tensor, address, elements) the int16 scratch holds
+        self._xds = self._xq + aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width)
+        self._x16_of: tuple[Tensor, int] | None = None  # (tensor, elements) the int16 scratch holds
 
     def _regions(self, sizes: list[tuple[int, str]]) -> list[Region]:
         """One device allocation each; if one fails (memory taken since the plan's check), the
@@ -328,21 +328,20 @@ class CudaOps(ExpertOps, DeltaNetOps):
         """Passes of 8 tokens over the weight's rows (rows of x and of out are tokens)."""
         # kernels/matvec_x16.cu: x to int16 blocks, then 2 rows a block, a warp per 1,024 columns (32 units), at most 4;
         # a weight wider than reserve planned the int16 scratch for keeps the float kernel, as do passes past 32 tokens
+        passes = -(-x.rows // MATVEC_MAX_TOKENS)
         if weight.ggml_type in X16_MATVEC_TYPES and weight.n_cols <= self._x16_width and x.rows <= MATVEC_PASSES_MAX_TOKENS:
-            for t in range(0, x.rows, MATVEC_MAX_TOKENS):
-                x_ptr, n_tok = x.ptr + 4 * t * x.cols, min(MATVEC_MAX_TOKENS, x.rows - t)
-                n = n_tok * weight.n_cols
-                # q, k, v (gate, up) share one x: quantized once. A tensor is final once the op making it
-                # returns, and holding it keeps its buffer's address from any other tensor.
-                if self._x16_of != (x, x_ptr, n):
-                    self.device.launch("quantize_x16", (-(-n // 1024),), 256, (PTR(x_ptr), PTR(self._xq), PTR(self._xds), INT(n)))
-                    self._x16_of = (x, x_ptr, n)
-                self.device.launch(f"matvec_x16_{suffix}", (-(-weight.n_rows // 2),), 32 * min(4, -(-weight.n_cols // 1024)),
-                                   (PTR(weight.ptr), PTR(self._xq), PTR(self._xds), PTR(out.ptr + 4 * t * weight.n_rows),
-                                    INT(weight.n_rows), INT(weight.n_cols), INT(n_tok)))
+            n = x.rows * weight.n_cols
+            # q, k, v (gate, up) share one x: quantized once. A tensor is final once the op making it
+            # returns, and holding it keeps its buffer's address from any other tensor.
+            if self._x16_of != (x, n):
+                self.device.launch("quantize_x16", (-(-n // 1024),), 256, (PTR(x.ptr), PTR(self._xq), PTR(self._xds), INT(n)))
+                self._x16_of = (x, n)
+            self.device.launch(f"matvec_x16_{suffix}", (-(-weight.n_rows // 2), passes), 32 * min(4, -(-weight.n_cols // 1024)),
+                               (PTR(weight.ptr), PTR(self._xq), PTR(self._xds), PTR(out.ptr), INT(weight.n_rows),
+                                INT(weight.n_cols), INT(x.rows)))
             return
         # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4; a pass a blockIdx.y
-        self.device.launch(f"matvec_{suffix}", (-(-weight.n_rows // 2), -(-x.rows // MATVEC_MAX_TOKENS)),
+        self.device.launch(f"matvec_{suffix}", (-(-weight.n_rows // 2), passes),
                            32 * min(4, -(-weight.n_cols // 512)),
                            (PTR(weight.ptr), PTR(x.ptr), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols), INT(x.rows)))
 
