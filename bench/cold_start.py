@@ -46,6 +46,9 @@ EXTRACTION_SCHEMA = {"type": "object", "additionalProperties": False, "required"
                                     "members": {"type": "integer", "minimum": 0, "maximum": 99}}}
 EXTRACTION_TOKENS = 300
 STRUCTURED_PROMPT = "extraction"  # the prompt tag of those rows
+# a cap, not a length: both engines end where the schema does; llama.cpp's JSON grammar lets a random
+# model write up to 20 blanks between tokens
+EXTRACTION_MAX_TOKENS = 384
 DRIVER_SETTINGS = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "1"}  # what Reflex sets
 PIPE_BUFFER = 4096  # stdio's buffer on a pipe: an unflushed echo arrives in pieces of this size
 RUN_TIMEOUT_S = 120
@@ -148,10 +151,10 @@ def structured_rows(args, text: str) -> list[Row]:
         json.dump(EXTRACTION_SCHEMA, fh)
     rows = [Row("Reflex generate --json-schema", tag, p,
                 [args.python, "-m", "reflex_engine", "generate", model, text, "--device", args.device, "--temp", "0",
-                 "--json-schema", schema, "-n", "128"], "bytes", json_out=True)]
+                 "--json-schema", schema, "-n", str(EXTRACTION_MAX_TOKENS)], "bytes", json_out=True)]
     if args.llama_bin:
         rows.append(Row("llama.cpp llama-completion --no-warmup --json-schema", tag, p,
-                        [os.path.join(args.llama_bin, "llama-completion"), "-m", model, "-p", text, "-n", "128", "-ngl", "99",
+                        [os.path.join(args.llama_bin, "llama-completion"), "-m", model, "-p", text, "-n", str(EXTRACTION_MAX_TOKENS), "-ngl", "99",
                          "-c", "1024", "-fit", "off", "-no-cnv", "--no-display-prompt", "--temp", "0", "--no-warmup",
                          "--json-schema", json.dumps(EXTRACTION_SCHEMA)], "bytes", json_out=True))
     return rows
@@ -477,7 +480,8 @@ def main() -> None:
                 raw.write(json.dumps(r) + "\n")
                 raw.flush()
                 if not r["ok"]:
-                    print(f"FAILED {row.name} {row.model} {row.prompt}: rc={r['rc']} {r['stderr_tail'][-300:]!r}", flush=True)
+                    print(f"FAILED {row.name} {row.model} {row.prompt}: rc={r['rc']} {r['stderr_tail'][-300:]!r}"
+                          f"{' stdout ' + repr(r['stdout_tail'][-300:]) if row.json_out else ''}", flush=True)
                 time.sleep(0.2)  # let the GPU settle back toward idle between processes
             rounds += 1
             took = time.monotonic() - start

@@ -9,6 +9,8 @@
 #   COLD=1      the cold-start harness (bench/cold_start.py) beside the floor and llama.cpp, with the
 #               structured-extraction rows on 0.6B (--json-schema, llama.cpp with its JSON-schema grammar)
 #   WITH_LLAMA=0  BENCH and COLD without llama.cpp, so without its build
+#   MAIN_SHAPES   the Qwen3 shapes BENCH and COLD take (default "0.6b 8b"; COLD's structured rows need 0.6b);
+#   COLD_PROMPTS  their prompt lengths in COLD (default 16,1024)
 #   MOE=1       BENCH and COLD also on MoE-shaped files, MOE_SHAPES (default: 30b-a3b dsv2-lite, that is
 #               Qwen3-30B-A3B and DeepSeek-V2-Lite, Q4_K_M only; COLD: 16-token prompt, one table of their own)
 #   HYBRID=1    BENCH and COLD also on a Qwen3.5-0.8B-shaped file (qwen35: Gated DeltaNet + gated attention;
@@ -102,7 +104,7 @@ q4_only() { case " $MOE_SHAPES " in *" $1 "*) return 0 ;; esac; return 1; }  # t
 if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ]; then
     tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
     QUANTS=${QUANTS:-q4_k_m}
-    SHAPES="0.6b 8b"; [ "${MOE:-0}" = 1 ] && SHAPES="$SHAPES $MOE_SHAPES"; [ "${HYBRID:-0}" = 1 ] && SHAPES="$SHAPES qwen35-0.8b"
+    SHAPES=${MAIN_SHAPES:-0.6b 8b}; [ "${MOE:-0}" = 1 ] && SHAPES="$SHAPES $MOE_SHAPES"; [ "${HYBRID:-0}" = 1 ] && SHAPES="$SHAPES qwen35-0.8b"
     for shape in $SHAPES; do
         for quant in $QUANTS; do
             q4_only $shape && [ "$quant" != q4_k_m ] && continue
@@ -136,9 +138,11 @@ if [ "${COLD:-0}" = 1 ]; then
     wait_peer  # nothing compiles beside the timings
     echo "harness starts at $(elapsed) s"
     llama_bin=; [ "${WITH_LLAMA:-1}" = 1 ] && llama_bin="--llama-bin $LLAMA"
-    python3 bench/cold_start.py --model 0.6b="$(model_file 0.6b q4_k_m)" --model 8b="$(model_file 8b q4_k_m)" --structured 0.6b \
+    main_models=; for shape in ${MAIN_SHAPES:-0.6b 8b}; do main_models="$main_models --model $shape=$(model_file $shape q4_k_m)"; done
+    python3 bench/cold_start.py $main_models --prompt-tokens "${COLD_PROMPTS:-16,1024}" --structured 0.6b \
         $llama_bin --floor-bin /tmp/floor --python /tmp/cold-venv/bin/python --n "${COLD_N:-10}" \
-        --deadline-s $(( END - $(elapsed) - ${RESERVE_S:-0} )) --out "$OUT/cold" 2>&1 | tail -60
+        --deadline-s $(( END - $(elapsed) - ${RESERVE_S:-0} )) --out "$OUT/cold" 2>&1 | tee /tmp/cold-main.log | tail -60
+    grep -m 6 "^FAILED" /tmp/cold-main.log | cut -c 1-700 | tee -a "$LOG"
     left() { echo $(( END - $(elapsed) - ${SIDECAR:-0} * 40 )); }  # the sidecar's 40 s kept
     if [ "${MOE:-0}" = 1 ]; then  # half of what is left when the hybrid run follows
         moe_models=; for shape in $MOE_SHAPES; do moe_models="$moe_models --model $shape=$(model_file $shape q4_k_m)"; done
