@@ -15,7 +15,7 @@ from reflex_engine.errors import ReflexError
 from reflex_engine.ops import Batch, CacheShape, RecurrentShape
 from reflex_engine.sampling import SamplingParams
 from model_files import rewrite, run_cli
-from test_goldens import paths
+from test_goldens import DEVICES, paths
 
 ops = CpuOps()
 rng = np.random.default_rng(35)
@@ -154,11 +154,12 @@ VARIANTS = [("qwen35", "F32"), ("qwen35", "Q8_0"), ("qwen35", "Q4_0"), ("qwen35m
 GREEDY = SamplingParams(temperature=0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch,qtype", VARIANTS)
-def test_logits_and_greedy_match_transformers(arch, qtype):
-    model = reflex_engine.load(paths(arch, qtype)[0], device="cpu")
+def test_logits_and_greedy_match_transformers(arch, qtype, device):
+    model = reflex_engine.load(paths(arch, qtype)[0], device=device)
     report = check_against_reference(model, paths(arch, qtype)[1])
-    assert report.tolerance == TOLERANCE["cpu"]
+    assert report.tolerance == TOLERANCE[device]
     assert report.ok, "\n".join(report.lines)
     assert report.n_prompts == (6 if arch == "qwen35" else 5)
     assert sum("greedy" in line and "identical" in line for line in report.lines) == 2
