@@ -91,7 +91,8 @@ class ModelFile:
             plan = plan_weights(self.gguf, c, arch.TENSORS, arch.LAYER_TENSORS)
             shape = c.cache_shape(n_ctx)
             tensors = [(t.ggml_type, t.shape) for t in plan.values() if t is not None] + lora.device_tensors(self.adapters)
-            ops.reserve(tensors, shape, c.activation_width + lora.extra_width(self.adapters))
+            with self.timings.phase("reserve"):  # model_load's share spent taking the device's memory
+                ops.reserve(tensors, shape, c.activation_width + lora.extra_width(self.adapters))
             weights = load_weights(self.gguf, c, plan, arch.TENSORS, arch.LAYER_TENSORS, ops)
             lora.apply(self.adapters, weights, ops)
             uploaded = ops.commit_weights()  # a device backend's copies run on beside the first pass
