@@ -5,6 +5,7 @@ here, no download) on real templates: tests/chat_templates/ (see its README), th
 GGUF and the goldens'. Every pair must be the same string; where transformers raises, we must
 raise a one-line ReflexError that carries its message.
 """
+import inspect
 import os
 import subprocess
 import sys
@@ -213,6 +214,11 @@ def test_a_call_with_tools_takes_the_tool_use_template():
     file.gguf.metadata["tokenizer.chat_template.tool_use"] = "{{ tools | map(attribute='function.name') | join }}"
     assert file.render_chat(MULTI_TURN, tools=TOOLS) == "get_weather"
     assert file.render_chat(MULTI_TURN).startswith("<|im_start|>user")
+
+
+def test_own_parameters_are_render_chats():
+    # a template variable of one of these names would collide with render_chat's own (generate refuses it)
+    assert set(chat.OWN_PARAMETERS) == set(inspect.signature(render_chat).parameters) - {"kwargs"}
 
 
 def test_whitespace_control_matches_transformers():

@@ -2,7 +2,8 @@
 every op, every error code a request can cause, cancel, sequencing, EOF, a socket served one
 connection at a time, a lost device, and 10,000 fuzzed lines. Every line the engine writes is
 checked against the schema shipped in the package; answers are compared with the Python API's.
-The API additions the protocol stands on (logprobs, cancel, chat messages) are tested first."""
+The API additions the protocol stands on (logprobs, cancel, chat messages and what their template
+is given besides them) are tested first."""
 import itertools
 import json
 import os
@@ -19,10 +20,16 @@ from importlib import resources
 import jsonschema
 import numpy as np
 import pytest
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 import reflex_engine
 from reflex_engine import protocol
+from reflex_engine.chat import OWN_PARAMETERS
+from reflex_engine.errors import ReflexError
 from reflex_engine.sampling import SamplingParams
+
+from model_files import GOLDEN_QWEN3, rewrite
 
 MODEL = os.path.join(os.path.dirname(__file__), "goldens", "qwen3", "qwen3-Q8_0.gguf")  # has a chat template
 ENGINE = [sys.executable, "-m", "reflex_engine"]
@@ -31,6 +38,16 @@ VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 TIMEOUT = 60  # seconds an answer may take before the test fails instead of hanging
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
 SAMPLED = dict(temperature=0.9, top_k=20, top_p=0.9, min_p=0.02, repeat_penalty=1.3, presence_penalty=0.2, seed=11)
+# a real template that reads tools and enable_thinking, and refuses some conversations (raise_exception)
+QWEN35_TEMPLATE = os.path.join(os.path.dirname(__file__), "chat_templates", "Qwen3.5-4B.jinja")
+TEMPLATE_CTX = 2048  # its tool instructions are ~1,200 of the fixture's byte-sized tokens
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city, now — in °C",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+NO_THINKING = {"enable_thinking": False}
+# what generate and system1 give the template besides the messages, each changing what it renders
+TEMPLATE_INPUTS = [{"tools": TOOLS}, {"chat_template_kwargs": NO_THINKING},
+                   {"tools": TOOLS, "chat_template_kwargs": NO_THINKING}]
 
 
 def checked(raw: bytes) -> dict:
@@ -91,6 +108,56 @@ def test_chat_messages_are_a_prompt(model):
     list(by_ids)
     assert gen.prompt_tokens == len(rendered) and gen.tokens == by_ids.tokens
     assert model.system1(MESSAGES, ["a", "b"]).candidates == model.system1(rendered, ["a", "b"]).candidates
+
+
+@pytest.fixture(scope="module")
+def templated(tmp_path_factory) -> str:
+    """The fixture (F32: gguf-py writes float tensors only) with Qwen3.5's chat template."""
+    with open(QWEN35_TEMPLATE) as f:
+        values = {"tokenizer.chat_template": f.read()}
+    return rewrite(GOLDEN_QWEN3, str(tmp_path_factory.mktemp("templated") / "qwen3-templated.gguf"), values=values)
+
+
+@pytest.fixture(scope="module")
+def templated_model(templated):
+    return reflex_engine.load(templated, device="cpu", n_ctx=TEMPLATE_CTX)
+
+
+def plain_jinja_ids(model, tools=None, chat_template_kwargs=None) -> list[int]:
+    """MESSAGES in Qwen3.5's template, rendered by plain jinja2 as transformers renders it (its
+    sandbox, options and tojson), tokenized as the engine tokenizes a rendered chat (no BOS)."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+    with open(QWEN35_TEMPLATE) as f:
+        text = env.from_string(f.read()).render(messages=MESSAGES, tools=tools, add_generation_prompt=True,
+                                                **(chat_template_kwargs or {}))
+    return model.tokenize(text, add_bos=False)
+
+
+def test_tools_and_template_variables_reach_the_chat_template(templated_model):
+    model, greedy = templated_model, SamplingParams(temperature=0)
+    for inputs in TEMPLATE_INPUTS:
+        ids = plain_jinja_ids(model, **inputs)
+        assert ids != plain_jinja_ids(model)  # so a generate that ignored them would fail below
+        rendered = model.file.render_chat(MESSAGES, tools=inputs.get("tools"), **inputs.get("chat_template_kwargs", {}))
+        assert model.tokenize(rendered, add_bos=False) == ids
+        gen = model.generate(MESSAGES, max_tokens=3, sampling=greedy, logprobs=True, **inputs)
+        by_ids = model.generate(ids, max_tokens=3, sampling=greedy, logprobs=True)
+        assert [(e.id, e.logprob) for e in gen] == [(e.id, e.logprob) for e in by_ids]
+        assert gen.prompt_tokens == len(ids)
+        assert model.system1(MESSAGES, ["a", "b"], **inputs).candidates == model.system1(ids, ["a", "b"]).candidates
+
+
+def test_tools_and_template_variables_go_with_messages_and_set_no_name_of_render_chats(templated_model):
+    refused = [("Hi", {"tools": TOOLS}, "tools"), ([5, 6], {"chat_template_kwargs": {}}, "chat_template_kwargs"),
+               *((MESSAGES, {"chat_template_kwargs": {name: False}}, "chat_template_kwargs") for name in OWN_PARAMETERS)]
+    for prompt, inputs, field in refused:
+        for run in (lambda: templated_model.generate(prompt, **inputs), lambda: templated_model.system1(prompt, ["a"], **inputs)):
+            with pytest.raises(ReflexError) as e:
+                run()
+            assert e.value.field == field and field in str(e.value)
+    with pytest.raises(ReflexError, match="System message must be at the beginning"):  # the template's own refusal
+        templated_model.generate(MESSAGES[::-1], tools=TOOLS)
 
 
 def test_held_back_text_is_released_by_an_event_without_a_token(model):
@@ -218,6 +285,27 @@ def test_every_op_answers_as_the_python_api(stdio, model):
         c._asdict() for c in model.system1(MESSAGES, candidates).candidates]
 
 
+def test_tools_and_template_variables_render_as_the_python_api(templated, templated_model):
+    proc, peer = start("stdio", templated, "--device", "cpu", "-c", str(TEMPLATE_CTX))
+    assert peer.line()["type"] == "ready"
+    model, greedy = templated_model, SamplingParams(temperature=0)
+    for inputs in TEMPLATE_INPUTS:
+        ids = plain_jinja_ids(model, **inputs)
+        answer = peer.call(op="generate", messages=MESSAGES, max_tokens=3, temperature=0, logprobs=True, **inputs)
+        gen = model.generate(ids, max_tokens=3, sampling=greedy, logprobs=True)
+        logprobs = [e.logprob for e in gen if e.id is not None]
+        assert (answer["tokens"], [entry["logprob"] for entry in answer["logprobs"]]) == (gen.tokens, logprobs)
+        assert answer["usage"]["prompt_tokens"] == len(ids)
+        scored = peer.call(op="system1", messages=MESSAGES, candidates=["a", "b"], **inputs)
+        assert scored["candidates"] == [c._asdict() for c in model.system1(ids, ["a", "b"]).candidates]
+    refused = peer.call(op="generate", id="r", messages=MESSAGES[::-1], tools=TOOLS)  # raise_exception in the template
+    assert (refused["code"], refused["id"]) == ("invalid_request", "r")
+    assert "System message must be at the beginning" in refused["message"]
+    proc.stdin.close()
+    assert proc.wait(TIMEOUT) == 0
+    assert b"Traceback" not in stderr_of(proc)
+
+
 def test_streamed_tokens_add_up_to_the_result(stdio, model):
     stdio.send({"op": "generate", "id": "s", "prompt": "Once", "max_tokens": 12, "stream": True, "logprobs": True,
                 **SAMPLED})
@@ -258,6 +346,13 @@ ERRORS = [  # (line, code, field)
     (b'{"op": "system1", "prompt": "x", "candidates": []}', "invalid_request", None),
     (b'{"op": "system1", "prompt": "x", "candidates": [""]}', "invalid_request", None),
     (b'{"op": "detokenize", "ids": [-1]}', "invalid_request", None),
+    (b'{"op": "generate", "prompt": "x", "tools": []}', "invalid_request", "tools"),
+    (b'{"op": "generate", "prompt": [5], "chat_template_kwargs": {}}', "invalid_request", "chat_template_kwargs"),
+    (b'{"op": "system1", "prompt": "x", "candidates": ["a"], "tools": []}', "invalid_request", "tools"),
+    (b'{"op": "generate", "messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": '
+     b'{"add_generation_prompt": false}}', "invalid_request", "chat_template_kwargs"),
+    (b'{"op": "system1", "messages": [{"role": "user", "content": "x"}], "candidates": ["a"], '
+     b'"chat_template_kwargs": {"bos_token": ""}}', "invalid_request", "chat_template_kwargs"),
     (b'{"op": "launch"}', "unknown_op", "op"),
     (b'{"op": "ping", "verbose": true}', "unknown_field", "verbose"),
     (b'{"op": "generate", "prompt": "x", "top-k": 3}', "unknown_field", "top-k"),
@@ -270,6 +365,10 @@ ERRORS = [  # (line, code, field)
     (b'{"op": "generate", "prompt": "x", "top_k": 1.5}', "wrong_type", "top_k"),
     (b'{"op": "generate", "prompt": "x", "max_tokens": true}', "wrong_type", "max_tokens"),
     (b'{"op": "generate", "messages": ["hi"]}', "wrong_type", "messages"),
+    (b'{"op": "generate", "messages": [], "tools": {"type": "function"}}', "wrong_type", "tools"),
+    (b'{"op": "generate", "messages": [], "tools": ["get_weather"]}', "wrong_type", "tools"),
+    (b'{"op": "system1", "messages": [], "candidates": ["a"], "chat_template_kwargs": []}', "wrong_type",
+     "chat_template_kwargs"),
     (b'{"op": "system1", "prompt": "x", "candidates": " a"}', "wrong_type", "candidates"),
     (b'{"op": "detokenize", "ids": [1.0]}', "wrong_type", "ids"),
     (json.dumps({"op": "generate", "prompt": OVER_CONTEXT}).encode(), "context_exceeded", None),

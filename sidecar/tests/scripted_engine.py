@@ -3,8 +3,6 @@ SCRIPT (a JSON list of strings, read afresh for each request), one token line ea
 For the output a random-weight model never writes (Qwen3's <think> and <tool_call> markup).
 
     scripted_engine.py SCRIPT stdio MODEL [engine options]     (as the sidecar's --engine-cmd)
-
-The ready line names MODEL, so that the sidecar can open its chat template.
 """
 import json
 import sys

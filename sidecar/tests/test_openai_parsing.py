@@ -11,7 +11,7 @@ import sys
 import openai
 import pytest
 
-from openai_harness import HERE, TIMEOUT, Sidecar, qwen3_model, sse_events, validate
+from openai_harness import HERE, TIMEOUT, Sidecar, sse_events, validate
 from random_outputs import output, random_tools, split, without_tools
 
 NAME = "qwen3-scripted"
@@ -25,7 +25,7 @@ def scripted(tmp_path_factory):
     folder = tmp_path_factory.mktemp("scripted")
     script = str(folder / "script.json")
     engine = f"{sys.executable} {os.path.join(HERE, 'scripted_engine.py')} {script}"
-    sidecar = Sidecar(qwen3_model(str(folder)), "--served-model-name", NAME, "--engine-cmd", engine)
+    sidecar = Sidecar("scripted.gguf", "--served-model-name", NAME, "--engine-cmd", engine)  # a name the script echoes
     yield sidecar, script
     assert sidecar.stop() == 0
     assert b"Traceback" not in sidecar.output()

@@ -4,9 +4,10 @@ own chat template written in (tests/chat_templates/), so that tools, tool messag
 `enable_thinking` reach a real template.
 
 Random weights never choose a tool call, so what a forced one returns is the grammar's work, and
-is checked with jsonschema against the function's random `parameters`. The prompts the sidecar
-sends are checked against the template rendered here by plain jinja2 (as transformers renders it)
-and tokenized by the reference engine. What the model writes in `auto` is parsed by
+is checked with jsonschema against the function's random `parameters`. The sidecar sends the
+messages, tools and template variables for the engine to render; what the engine evaluated is
+checked against the template rendered here by plain jinja2 (as transformers renders it) and
+tokenized by the reference engine. What the model writes in `auto` is parsed by
 chat_output.py: test_openai_parsing.py feeds it random Qwen3 markup through the same server.
 """
 import json
@@ -70,6 +71,20 @@ def last_request(sidecar) -> dict:
     return [entry["line"] for entry in sidecar.lines() if entry["dir"] == "in"][-1]
 
 
+def check_rendered(sidecar, reference, messages, tools=None, **variables) -> dict:
+    """The last request went to the engine as messages, tools and template variables (no token ids),
+    and the engine evaluated what plain jinja2 renders: the reference, given those ids for the
+    prompt, answers the same. Returns the request."""
+    sent = last_request(sidecar)
+    assert "prompt" not in sent and sent.get("tools") == tools and sent.get("chat_template_kwargs", {}) == variables
+    result = [e["line"] for e in sidecar.lines() if e["line"].get("op") == "generate"][-1]
+    ids = expected_ids(reference, messages, tools=tools, **variables)
+    by_ids = {k: v for k, v in sent.items() if k not in ("id", "stream", "messages", "tools", "chat_template_kwargs")}
+    _, again = reference.generate(**by_ids, prompt=ids)
+    assert (result["usage"]["prompt_tokens"], result["tokens"]) == (len(ids), again["tokens"])
+    return sent
+
+
 def schema_of(tools, name) -> dict:
     return next(t["function"]["parameters"] for t in tools if t["function"]["name"] == name)
 
@@ -104,8 +119,8 @@ def test_a_required_tool_call_round_trip(client, sidecar, reference, seed):
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     [call] = check_calls(choice.message, tools)
     validate("CreateChatCompletionResponse", answer.model_dump(exclude_unset=True))
-    sent = last_request(sidecar)
-    assert sent["prompt"] == expected_ids(reference, USER, tools=tools) and "messages" not in sent
+    sent = check_rendered(sidecar, reference, USER, tools=tools)
+    assert sent["messages"] == USER
     # the markup is written with the model's own tokens for it, not spelled out
     tokens = [entry["line"] for entry in sidecar.lines() if entry["line"].get("type") == "result"][-1]["tokens"]
     assert (tokens[0], tokens[-1]) == CALL_TOKENS
@@ -115,8 +130,7 @@ def test_a_required_tool_call_round_trip(client, sidecar, reference, seed):
     messages = [*USER, choice.message.model_dump(exclude_none=True), result]
     again = client.chat.completions.create(model=NAME, messages=messages, tools=tools, max_tokens=4, seed=seed)
     assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    sent = last_request(sidecar)
-    assert sent["prompt"] == expected_ids(reference, [*USER, template_view(choice.message), result], tools=tools)
+    sent = check_rendered(sidecar, reference, [*USER, template_view(choice.message), result], tools=tools)
     assert "grammar" not in sent  # auto: the model is free
     assert "<tool_response>" in rendered([*USER, template_view(choice.message), result], tools=tools)
 
@@ -164,14 +178,13 @@ def test_auto_offers_the_tools_and_none_leaves_them_out(client, sidecar, referen
     rng = random.Random(SEED + 3)
     tools = random_tools(rng, 2)
     client.chat.completions.create(model=NAME, messages=USER, tools=tools, max_tokens=2, seed=1)
-    sent = last_request(sidecar)
-    assert sent["prompt"] == expected_ids(reference, USER, tools=tools)
+    sent = check_rendered(sidecar, reference, USER, tools=tools)
     assert not {"grammar", "json_schema", "json_object"} & sent.keys()
 
     answer = client.chat.completions.create(model=NAME, messages=USER, tools=tools, tool_choice="none", max_tokens=3,
                                             seed=2)
     sent = last_request(sidecar)
-    assert sent["messages"] == USER and "grammar" not in sent  # rendered by the engine, without the tools
+    assert sent["messages"] == USER and not {"tools", "grammar"} & sent.keys()  # the template gets no tools
     _, result = reference.generate(messages=USER, max_tokens=3, seed=2, **openai_sampling())
     assert answer.choices[0].message.content == result["text"] and not answer.choices[0].message.tool_calls
 
@@ -243,10 +256,9 @@ def test_auto_with_a_response_format_answers_either_a_call_or_the_json(client, s
 def test_chat_template_kwargs_reach_the_template(client, sidecar, reference):
     client.chat.completions.create(model=NAME, messages=USER, max_tokens=2, seed=3,
                                    extra_body={"chat_template_kwargs": {"enable_thinking": False}})
-    sent = last_request(sidecar)
-    assert sent["prompt"] == expected_ids(reference, USER, enable_thinking=False)
+    assert check_rendered(sidecar, reference, USER, enable_thinking=False)["messages"] == USER
     assert rendered(USER, enable_thinking=False).endswith("<think>\n\n</think>\n\n")
-    assert sent["prompt"] != expected_ids(reference, USER)
+    assert expected_ids(reference, USER, enable_thinking=False) != expected_ids(reference, USER)
 
 
 # -- bad requests ----------------------------------------------------------------------------------

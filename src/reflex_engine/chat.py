@@ -47,6 +47,9 @@ MAX_SECONDS = 10.0  # real templates render in well under 10 ms
 MAX_CHARS = 4 << 20  # ~1M tokens, more than any context we run
 _MAX_BITS = 1 << 16  # of an integer that `*` or `**` builds
 
+# render_chat's own parameters: template variables (its **kwargs) cannot take these names
+OWN_PARAMETERS = ("template", "messages", "add_generation_prompt", "tools", "documents", "bos_token", "eos_token",
+                  "continue_final_message")
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # the first is the one templates read
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker for continue_final_message
 

@@ -252,11 +252,13 @@ class Model:
         if n > self.n_ctx:
             raise ContextExceeded(f"{what} is {n} tokens, longer than the context ({self.n_ctx})")
 
-    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+    def _prompt_ids(self, prompt: Prompt, tools: Sequence[Mapping] | None = None,
+                    chat_template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
         if isinstance(prompt, str):
             ids = self.tokenize(prompt)
-        elif len(prompt) and isinstance(prompt[0], Mapping):
-            ids = self.tokenize(self.file.render_chat(list(prompt)), add_bos=False)  # the template writes its BOS
+        elif _is_chat(prompt):
+            text = self.file.render_chat(list(prompt), tools=tools, **_template_variables(chat_template_kwargs))
+            ids = self.tokenize(text, add_bos=False)  # the template writes its BOS
         else:
             ids = list(prompt)
         if not ids:
@@ -268,8 +270,14 @@ class Model:
 
     def generate(self, prompt: Prompt, max_tokens: int = 128, sampling=None, stop: Sequence[str] = (),
                  ignore_eos: bool = False, logprobs: bool = False, top_logprobs: int = 0,
-                 import_kv: str | None = None, export_kv: str | None = None, constraint=None) -> Generation:
+                 import_kv: str | None = None, export_kv: str | None = None, constraint=None,
+                 tools: Sequence[Mapping] | None = None,
+                 chat_template_kwargs: Mapping[str, Any] | None = None) -> Generation:
         """Stream the continuation of `prompt` (text, token ids or chat messages) as TokenEvents.
+
+        tools, chat_template_kwargs: with chat messages, what their template is given besides them:
+        tools as transformers and OpenAI take them (`{"type": "function", "function": {...}}`), and
+        template variables (e.g. `{"enable_thinking": False}`); see ModelFile.render_chat.
 
         logprobs: each event carries log P(token) under the model's own distribution, the
         log-softmax of its logits before penalties, temperature and the top-k/top-p/min-p filters
@@ -295,7 +303,7 @@ class Model:
             raise ReflexError("max tokens must be at least 1 (or -1: until the context is full)")
         if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
             raise ReflexError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
-        start = self._start(prompt, import_kv)
+        start = self._start(prompt, import_kv, tools, chat_template_kwargs)
         ids = start.ids
         self._check_fits(len(ids), "the prompt")
         if len(ids) == self.n_ctx:
@@ -410,10 +418,12 @@ class Model:
     # -- system1 -------------------------------------------------------------------------------
 
     def system1(self, prompt: Prompt, candidates: Sequence[str] | None = None, import_kv: str | None = None,
-                export_kv: str | None = None, json_schema=None) -> System1Result:
+                export_kv: str | None = None, json_schema=None, tools: Sequence[Mapping] | None = None,
+                chat_template_kwargs: Mapping[str, Any] | None = None) -> System1Result:
         """Score every candidate continuation in one forward pass (see ops.Batch for the mask; a
         model with recurrent layers runs the prompt, then each candidate from its state).
-        import_kv / export_kv as for generate; the exported state holds the prompt alone.
+        import_kv / export_kv, tools and chat_template_kwargs as for generate; the exported state
+        holds the prompt alone.
 
         json_schema: instead of candidates, a JSON schema (a dict or JSON text) whose instances
         form a finite set of at most constraints.MAX_INSTANCES (enum, const, boolean, bounded
@@ -430,7 +440,7 @@ class Model:
                 candidates = schema_instances(json_schema)
         if not candidates:
             raise ReflexError("system1 needs at least one candidate")
-        start = self._start(prompt, import_kv)
+        start = self._start(prompt, import_kv, tools, chat_template_kwargs)
         p_ids = start.ids
         c_ids = [self.tokenize(c, add_bos=False) for c in candidates]
         for i, (text, ids) in enumerate(zip(candidates, c_ids)):
@@ -483,17 +493,20 @@ class Model:
     def _read_state(self, path: str):
         return kvstate.read_header(path, fingerprint=self.state_fingerprint, architecture=self.config.arch, config=self.config)
 
-    def _start(self, prompt: Prompt, import_kv: str | None):
+    def _start(self, prompt: Prompt, import_kv: str | None, tools=None, chat_template_kwargs=None):
         """The request's whole context and the cache slots a state file gives it (none read yet)."""
+        for name, value in (("tools", tools), ("chat_template_kwargs", chat_template_kwargs)):
+            if value is not None and not _is_chat(prompt):
+                raise ReflexError(f"{name} goes to the chat template: give chat messages with it", field=name)
         if import_kv is None:
-            ids = self._prompt_ids(prompt)
+            ids = self._prompt_ids(prompt, tools, chat_template_kwargs)
             baked = kvstate.baked_state_path(self.file.gguf.path)
             try:  # a baked prompt from another model, or damaged, is no prompt: it costs time, never correctness
                 state = self._read_state(baked) if os.path.exists(baked) else None
             except ReflexError:
                 state = None
             return kvstate.prefix(state, ids, whole=bool(self.config.recurrent_layers))
-        if len(prompt) and not isinstance(prompt, str) and isinstance(prompt[0], Mapping):
+        if _is_chat(prompt):
             raise ReflexError("a request that imports a KV state continues it: give the new text or token ids, not chat messages")
         state = self._read_state(import_kv)
         ids = self.tokenize(prompt, add_bos=False) if isinstance(prompt, str) else list(prompt)
@@ -535,6 +548,26 @@ class Model:
         with timings.phase("kv_export"):
             self._write_state(path, tokens, [last], sampler.state())
         timings.mark("total")
+
+
+def _is_chat(prompt: Prompt) -> bool:
+    return not isinstance(prompt, str) and len(prompt) > 0 and isinstance(prompt[0], Mapping)
+
+
+def _template_variables(variables: Mapping[str, Any] | None) -> dict:
+    """chat_template_kwargs as render_chat's keywords; a name it takes for itself is refused."""
+    from .chat import OWN_PARAMETERS
+
+    if variables is None:
+        return {}
+    if not isinstance(variables, Mapping) or not all(isinstance(name, str) for name in variables):
+        raise ReflexError("chat_template_kwargs must map variable names to values", field="chat_template_kwargs")
+    taken = [name for name in OWN_PARAMETERS if name in variables]
+    if taken:
+        raise ReflexError(f"chat_template_kwargs cannot set {', '.join(taken)}: the engine gives "
+                          f"{'it' if len(taken) == 1 else 'them'} to the chat template itself",
+                          field="chat_template_kwargs")
+    return dict(variables)
 
 
 def _find_stop(text: str, stop: tuple[str, ...], emitted: int) -> int | None:

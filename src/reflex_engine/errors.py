@@ -2,9 +2,14 @@
 
 
 class ReflexError(Exception):
-    """Bad input or an unsupported request: reported as one line, exit code 1."""
+    """Bad input or an unsupported request: reported as one line, exit code 1. `field` names the
+    request field at fault, where there is one (an IPC error line carries it)."""
 
     exit_code = 1
+
+    def __init__(self, message: str = "", *, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class GGUFError(ReflexError):

@@ -111,7 +111,7 @@ class Session:
             if _is_device_error(e):
                 self.send(protocol.encode(protocol.error(request_id, "device_lost", str(e))))
                 return False
-            answer = protocol.encode(protocol.error(request_id, "invalid_request", str(e)))
+            answer = protocol.encode(protocol.error(request_id, "invalid_request", str(e), e.field))
         except OutputClosed:
             raise
         except Exception as e:  # a bug: report it and keep serving
@@ -129,7 +129,8 @@ class Session:
         stop = [args["stop"]] if isinstance(args.get("stop"), str) else args.get("stop", [])
         options = {k: args[k] for k in ("max_tokens", "ignore_eos", "logprobs", "top_logprobs", "import_kv", "export_kv")
                    if k in args}
-        gen = self.model.generate(_prompt(args), sampling=sampling, stop=stop, constraint=_constraint(args), **options)
+        gen = self.model.generate(_prompt(args), sampling=sampling, stop=stop, constraint=_constraint(args), **options,
+                                  **_template_inputs(args))
         stream, scored = args.get("stream", False), []
         for event in gen:
             if stream:
@@ -149,7 +150,8 @@ class Session:
 
     def _system1(self, request_id, args: dict) -> dict:
         state = {k: args[k] for k in ("import_kv", "export_kv") if k in args}
-        result = self.model.system1(_prompt(args), args.get("candidates"), json_schema=args.get("json_schema"), **state)
+        result = self.model.system1(_prompt(args), args.get("candidates"), json_schema=args.get("json_schema"), **state,
+                                    **_template_inputs(args))
         return _result(request_id, "system1", candidates=[c._asdict() for c in result.candidates], best=result.best,
                        entropy=result.entropy, usage={"prompt_tokens": result.prompt_tokens, "cached_tokens": result.cached_tokens},
                        timings=reported_phases(result.timings))
@@ -175,6 +177,11 @@ class Session:
 
 def _prompt(args: dict):
     return args["prompt"] if "prompt" in args else args["messages"]
+
+
+def _template_inputs(args: dict) -> dict:
+    """What the request gives the chat template besides its messages."""
+    return {k: args[k] for k in protocol.TEMPLATE_FIELDS if k in args}
 
 
 def _constraint(args: dict):

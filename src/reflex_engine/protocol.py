@@ -60,20 +60,25 @@ STOP = Kind("a string or a list of strings", lambda v: _is_str(v) or _list_of(_i
 STRINGS = Kind("a list of strings", _list_of(_is_str))
 TOKEN_IDS = Kind("a list of token ids", _list_of(_is_int))
 OBJECT = Kind("an object", lambda v: isinstance(v, dict))
+TOOLS = Kind("a list of tool objects", _list_of(lambda t: isinstance(t, dict)))
 
 # SamplingParams' fields, by the same names
 SAMPLING_FIELDS = {"temperature": NUMBER, "top_k": INTEGER, "top_p": NUMBER, "min_p": NUMBER, "repeat_penalty": NUMBER,
                    "presence_penalty": NUMBER, "repeat_last_n": INTEGER, "seed": SEED}
 _PROMPT_FIELDS = {"prompt": PROMPT, "messages": MESSAGES}  # exactly one of the two
+# with "messages" only: what the chat template is given besides them (tools, template variables)
+TEMPLATE_FIELDS = {"tools": TOOLS, "chat_template_kwargs": OBJECT}
 _STATE_FIELDS = {"import_kv": STRING, "export_kv": STRING}  # KV state files (kvstate.py), paths on the engine's machine
 # constrained decoding (constraints.py), at most one: the schema inline, a regex, a Lark or GBNF grammar's text
 CONSTRAINT_FIELDS = {"json_schema": OBJECT, "json_object": BOOLEAN, "regex": STRING, "grammar": STRING}
 
 # op -> the fields it accepts besides "op" and "id"
 FIELDS: dict[str, dict[str, Kind]] = {
-    "generate": {**_PROMPT_FIELDS, **SAMPLING_FIELDS, "max_tokens": INTEGER, "stop": STOP, "ignore_eos": BOOLEAN,
-                 "logprobs": BOOLEAN, "top_logprobs": INTEGER, "stream": BOOLEAN, **_STATE_FIELDS, **CONSTRAINT_FIELDS},
-    "system1": {**_PROMPT_FIELDS, "candidates": STRINGS, "json_schema": OBJECT, **_STATE_FIELDS},  # one of the two
+    "generate": {**_PROMPT_FIELDS, **TEMPLATE_FIELDS, **SAMPLING_FIELDS, "max_tokens": INTEGER, "stop": STOP,
+                 "ignore_eos": BOOLEAN, "logprobs": BOOLEAN, "top_logprobs": INTEGER, "stream": BOOLEAN, **_STATE_FIELDS,
+                 **CONSTRAINT_FIELDS},
+    "system1": {**_PROMPT_FIELDS, **TEMPLATE_FIELDS, "candidates": STRINGS, "json_schema": OBJECT,  # one of the two
+                **_STATE_FIELDS},
     "tokenize": {"text": STRING, "add_bos": BOOLEAN, "parse_special": BOOLEAN},
     "detokenize": {"ids": TOKEN_IDS},
     "info": {},

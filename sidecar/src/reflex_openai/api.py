@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from . import structured
 from .chat_output import Piece
 from .errors import APIError, bad, type_error
-from .template import template_variables
 
 
 @dataclass
@@ -41,17 +40,11 @@ class Call:
     stop: list[str] = field(default_factory=list)
     tools: structured.Tools | None = None  # chat: the tools offered (none with tool_choice "none")
     response_format: dict | None = None  # chat: the engine's constraint field for it
-    template_variables: dict = field(default_factory=dict)  # chat: chat_template_kwargs
 
     @property
     def constraint_param(self) -> str:
         """The parameter a constraint the engine refuses came from."""
         return "tools" if self.tools is not None and (self.tools.forced or not self.response_format) else "response_format"
-
-    @property
-    def renders_here(self) -> bool:
-        """Whether the prompt needs what the engine's `messages` cannot take (template.py)."""
-        return self.tools is not None or bool(self.template_variables)
 
 
 # -- parameters ------------------------------------------------------------------------------------
@@ -90,7 +83,13 @@ def parse_chat(body: dict, defaults: Defaults) -> Call:
                  logprobs=logprobs, top_logprobs=top_logprobs or 0)
     call.tools = structured.parse_tools(body)
     call.response_format = structured.parse_response_format(body.get("response_format"))
-    call.template_variables = template_variables(body.get("chat_template_kwargs"))
+    if call.tools is not None:
+        call.request["tools"] = call.tools.functions
+    variables = body.get("chat_template_kwargs")
+    if variables is not None and not isinstance(variables, dict):
+        raise type_error("chat_template_kwargs", "an object")
+    if variables:  # the engine refuses the names it gives the template itself
+        call.request["chat_template_kwargs"] = variables
     return call
 
 

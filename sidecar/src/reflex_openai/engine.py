@@ -52,6 +52,7 @@ class Engine:
         self.on_dead, self.on_queue_change = on_dead, on_queue_change
         self.state, self.info, self.exit_status = "loading", {}, None
         self.vocab: dict[int, str] = {}  # token id -> text, filled by detokenize; one child's vocabulary
+        self.tokenized: dict[str, list[int]] = {}  # text -> its token ids, filled by tokenize; the same child's
         self._proc: subprocess.Popen | None = None
         self._stdin: asyncio.StreamWriter | None = None
         self._waiters: deque[asyncio.Future] = deque()
@@ -68,7 +69,7 @@ class Engine:
 
     async def start(self, child: subprocess.Popen | None = None) -> None:
         """Watch `child` (one spawn() started), or a new child."""
-        self.state, self.info, self._owed, self.vocab = "loading", {}, deque(), {}
+        self.state, self.info, self._owed, self.vocab, self.tokenized = "loading", {}, deque(), {}, {}
         try:
             proc = child or spawn(self.argv)
         except OSError as e:
@@ -246,6 +247,14 @@ class Turn:
             if token not in vocab:
                 vocab[token] = (await self.call({"op": "detokenize", "ids": [token]}))["text"]
         return [vocab[token] for token in ids]
+
+    async def tokens(self, text: str) -> list[int]:
+        """text's token ids as the engine tokenizes a rendered chat (no BOS, control tokens parsed),
+        cached for the child's lifetime."""
+        tokenized = self._engine.tokenized
+        if text not in tokenized:
+            tokenized[text] = (await self.call({"op": "tokenize", "text": text, "add_bos": False}))["tokens"]
+        return tokenized[text]
 
     def release(self) -> None:
         self._engine._released(self)

@@ -26,7 +26,6 @@ from .chat_output import ChatOutput
 from .config import Config
 from .engine import Busy, Engine, EngineError, Turn, Unavailable
 from .metrics import CONTENT_TYPE, Metrics
-from .template import LocalTemplate
 
 MAX_BODY_BYTES = 32 << 20  # the engine takes request lines up to 16 MiB
 HEALTH_PATHS = ("/ping", "/healthz")
@@ -46,7 +45,6 @@ class Sidecar:
         self.exit_status = 0
         self.server = None  # the uvicorn.Server, told to stop once the engine has died
         self.created = int(time.time())
-        self._templates: dict[str, LocalTemplate] = {}  # the engine's model file -> its template, opened here
         routes = [Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/models", self.models, methods=["GET"]),
@@ -153,31 +151,23 @@ class Sidecar:
     async def completions(self, request: Request) -> Response:
         return await self._complete(request, api.parse_completion)
 
-    async def engine_request(self, call: api.Call) -> dict:
-        """The engine's generate request for a call: its constraint, and its prompt as the engine renders
-        it, or rendered here (template.py) when the template needs tools or variables."""
+    async def engine_request(self, call: api.Call, turn: Turn) -> dict:
+        """The engine's generate request for a call: its constraint, and its messages with what the
+        engine's chat template is given besides them (a role-labelled prompt for a model file without one)."""
         request = call.request
         if call.kind != "chat":
             return request
         if not self.engine.info.get("chat_template"):
-            if call.renders_here:
+            template_only = [name for name in ("tools", "chat_template_kwargs") if name in request]
+            if template_only:
                 raise api.bad("this model file has no chat template to render tools or chat_template_kwargs with",
-                              "tools" if call.tools else "chat_template_kwargs")
+                              template_only[0])
             request = {k: v for k, v in request.items() if k != "messages"}
             request.update(prompt=api.fallback_prompt(call.request["messages"]), stop=[*call.stop, api.FALLBACK_STOP])
-        template = await self._template() if call.renders_here else None
-        request = {**request, **structured.constraint(call.tools, call.response_format, template and template.term)}
-        if template is not None:
-            tools = call.tools.functions if call.tools else None
-            request["prompt"] = await asyncio.to_thread(template.prompt_ids, request.pop("messages"), tools,
-                                                        call.template_variables)
-        return request
-
-    async def _template(self) -> LocalTemplate:
-        path = self.engine.info["model"]
-        if path not in self._templates:
-            self._templates = {path: await asyncio.to_thread(LocalTemplate, path)}
-        return self._templates[path]
+        markup = {}
+        if structured.writes_calls(call.tools, call.response_format):
+            markup = {text: await turn.tokens(text) for text in structured.MARKUP}
+        return {**request, **structured.constraint(call.tools, call.response_format, markup)}
 
     async def _complete(self, request: Request, parse) -> Response:
         self._authorize(request)
@@ -224,7 +214,7 @@ class Run:
 
     async def next_line(self) -> dict:
         if self.lines is None:
-            request = await self.sidecar.engine_request(self.call)
+            request = await self.sidecar.engine_request(self.call, self.turn)
             self.lines = self.turn.stream({**request, "stream": True})  # streamed always: TTFT and cancel for all
         line = await anext(self.lines)
         if line["type"] == "token":

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Callable
 
 from .errors import bad, type_error
 from .chat_output import CALL_CLOSE, CALL_OPEN
@@ -20,6 +19,7 @@ FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function
 # model may pad with whitespace forever. A schema inside a grammar carries them in "x-guidance".
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # OpenAI: parameters left out
+MARKUP = (CALL_OPEN, CALL_CLOSE)  # a calls grammar writes each as the model's own token, where it has one
 
 
 @dataclass
@@ -130,27 +130,39 @@ def parse_response_format(value) -> dict | None:
     return {"json_schema": spec.get("schema") or {}}  # no schema: any JSON value, as OpenAI's optional field means
 
 
-def constraint(tools: Tools | None, response_format: dict | None, term: Callable[[str], str] | None) -> dict:
-    """The engine request's constraint field. term(text): the Lark term that writes text (the model's
-    own token for it, where it has one); needed only when tools are given."""
-    if tools is None or not (tools.forced or response_format):
+def writes_calls(tools: Tools | None, response_format: dict | None) -> bool:
+    """Whether the constraint is a grammar of tool calls (forced ones, or calls or the JSON answer)."""
+    return tools is not None and (tools.forced or bool(response_format))
+
+
+def constraint(tools: Tools | None, response_format: dict | None, markup: dict[str, list[int]]) -> dict:
+    """The engine request's constraint field. markup: each MARKUP text's token ids (the engine's
+    `tokenize`, without a BOS), needed only when it writes_calls."""
+    if not writes_calls(tools, response_format):
         return response_format or {}
-    calls = _calls_grammar(tools, term)
+    calls = _calls_grammar(tools, markup)
     if tools.forced:  # the forced call is the whole answer: a response_format has nothing left to shape
         return {"grammar": "start: calls\n" + calls}
     answer = {"type": "object"} if "json_object" in response_format else response_format["json_schema"]
     return {"grammar": f"start: calls | answer\nanswer: %json {_json(answer)}\n" + calls}
 
 
-def _calls_grammar(tools: Tools, term: Callable[[str], str]) -> str:
+def _calls_grammar(tools: Tools, markup: dict[str, list[int]]) -> str:
     functions = [f["function"] for f in tools.functions if tools.name in (None, f["function"]["name"])]
-    rules = [f'call: {term(CALL_OPEN)} "\\n" ({" | ".join(f"fn_{i}" for i in range(len(functions)))}) "\\n" '
-             f"{term(CALL_CLOSE)}",
+    call_open, call_close = (_term(text, markup) for text in MARKUP)
+    rules = [f'call: {call_open} "\\n" ({" | ".join(f"fn_{i}" for i in range(len(functions)))}) "\\n" {call_close}',
              'calls: call ("\\n" call)*' if tools.parallel else "calls: call"]
     for i, function in enumerate(functions):
         head = '{"name": ' + json.dumps(function["name"]) + ', "arguments": '
         rules.append(f'fn_{i}: {json.dumps(head)} %json {_json(function.get("parameters") or NO_PARAMETERS)} "}}"')
     return "\n".join(rules) + "\n"
+
+
+def _term(text: str, markup: dict[str, list[int]]) -> str:
+    """The Lark term that writes text: the model's own token where text is one (Qwen3's
+    `<tool_call>`), which llguidance keeps apart from text, else the text itself."""
+    ids = markup[text]
+    return f"<[{ids[0]}]>" if len(ids) == 1 else json.dumps(text)
 
 
 def _json(schema) -> str:
