@@ -12,7 +12,8 @@
 #   MAIN_SHAPES   the Qwen3 shapes BENCH and COLD take (default "0.6b 8b"; COLD's structured rows need 0.6b);
 #   COLD_PROMPTS  their prompt lengths in COLD (default 16,1024)
 #   MOE=1       BENCH and COLD also on MoE-shaped files, MOE_SHAPES (default: 30b-a3b dsv2-lite, that is
-#               Qwen3-30B-A3B and DeepSeek-V2-Lite, Q4_K_M only; COLD: 16-token prompt, one table of their own)
+#               Qwen3-30B-A3B and DeepSeek-V2-Lite, Q4_K_M only; COLD: 16-token prompt, one table of their own,
+#               unless MOE_COLD=0)
 #   HYBRID=1    BENCH and COLD also on a Qwen3.5-0.8B-shaped file (qwen35: Gated DeltaNet + gated attention;
 #               BENCH in QUANTS; COLD: 16- and 1,024-token prompts, its own table)
 #   SIDECAR=1   with COLD: the sidecar's cold start (sidecar/tools/cold_start.py, its wheels in .whl/)
@@ -144,7 +145,7 @@ if [ "${COLD:-0}" = 1 ]; then
         --deadline-s $(( END - $(elapsed) - ${RESERVE_S:-0} )) --out "$OUT/cold" 2>&1 | tee /tmp/cold-main.log | tail -60
     grep -m 6 "^FAILED" /tmp/cold-main.log | cut -c 1-700 | tee -a "$LOG"
     left() { echo $(( END - $(elapsed) - ${SIDECAR:-0} * 40 )); }  # the sidecar's 40 s kept
-    if [ "${MOE:-0}" = 1 ]; then  # half of what is left when the hybrid run follows
+    if [ "${MOE:-0}" = 1 ] && [ "${MOE_COLD:-1}" = 1 ]; then  # half of what is left when the hybrid run follows
         moe_models=; for shape in $MOE_SHAPES; do moe_models="$moe_models --model $shape=$(model_file $shape q4_k_m)"; done
         python3 bench/cold_start.py $moe_models --prompt-tokens 16 \
             $llama_bin --floor-bin /tmp/floor --python /tmp/cold-venv/bin/python --n "${COLD_N:-10}" \

@@ -96,7 +96,8 @@ class ArchConfig(NamedTuple):
         """float32 values per token that a decoder layer may hold at once, generously: the
         residual stream and its norms, q/k/v before and after norm and RoPE, the FFN, logits."""
         q, kv = self.n_heads * self.head_dim, self.n_kv_heads * (self.head_dim + self.v_head_dim)
-        moe = 2 * self.n_expert + 3 * self.n_ff_exp + self.n_embd if self.n_expert else 0
+        # a prompt's grouped experts hold every (token, slot) pair's input, gate, up, product and output
+        moe = 2 * self.n_expert + self.routing.n_used * (3 * self.n_ff_exp + 2 * self.n_embd) + self.n_embd if self.n_expert else 0
         ssm = 3 * self.ssm_channels + 4 * self.ssm_v_width + 6 * self.ssm_v_heads if self.recurrent_layers else 0
         return 6 * self.n_embd + 4 * q + 3 * kv + 2 * self.n_heads * self.v_head_dim + 3 * self.n_ff + self.n_vocab + moe + ssm
 

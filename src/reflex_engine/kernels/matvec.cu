@@ -111,3 +111,22 @@ __device__ __forceinline__ void matvec(const uint8_t* __restrict__ W, const floa
     }
 KERNEL_TYPES(MATVEC_KERNEL)
 #undef MATVEC_KERNEL
+
+// A prompt's experts, each over its own tokens: expert e = blockIdx.y multiplies rows offsets[e] ..
+// offsets[e + 1] - 1 of xs (the (token, slot) pairs routed to it, grouped by kernels/moe.cu's moe_group)
+// into the same rows of ys, in passes of 8, so its weights are read once per 8 of its tokens rather than
+// once per token. W: n_expert matrices of (n_rows, n_cols), matrix_bytes apart.
+// LAUNCH: as matvec, grid = (ceil(n_rows / MATVEC_ROWS), n_expert).
+#define GROUPED_MATVEC_KERNEL(name, B)                                                                       \
+    extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 5)                                          \
+        grouped_matvec_##name(const uint8_t* W, int64_t matrix_bytes, const int* offsets, const float* xs,   \
+                              float* ys, int n_rows, int n_cols) {                                           \
+        const int e = blockIdx.y, end = offsets[e + 1];                                                      \
+        for (int a = offsets[e]; a < end; a += MATVEC_MAX_TOKENS) {                                          \
+            matvec<B>(W + e * matrix_bytes, xs + (size_t)a * n_cols, ys + (size_t)a * n_rows, n_rows, n_cols, \
+                      min(MATVEC_MAX_TOKENS, end - a));                                                      \
+            __syncthreads();  /* the next pass rewrites matvec's partial sums */                             \
+        }                                                                                                    \
+    }
+KERNEL_TYPES(GROUPED_MATVEC_KERNEL)
+#undef GROUPED_MATVEC_KERNEL

@@ -164,6 +164,51 @@ __device__ __forceinline__ void experts_down(const uint8_t* __restrict__ W, int6
     if (live && threadIdx.x % WARP == 0) y[(size_t)t * n_rows + r] = acc;
 }
 
+// A prompt's routes grouped by expert, for matvec.cu's grouped_matvec: of the n_pairs (token, slot) pairs
+// p = t * n_used + j, offsets[e] is where expert e's begin (offsets[n_expert] = n_pairs), order[place] = p
+// and place_of[p] = place. The places inside an expert follow the atomics' order; each pair's product is
+// computed on its own, so no result depends on it. LAUNCH: block 1024, grid 1; n_expert <= ROUTE_MAX_EXPERTS.
+extern "C" __global__ void moe_group(const int* ids, int n_pairs, int n_expert, int* offsets, int* order, int* place_of) {
+    __shared__ int count[ROUTE_MAX_EXPERTS], cursor[ROUTE_MAX_EXPERTS];
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) atomicAdd(&count[ids[p]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0;
+        for (int e = 0; e < n_expert; ++e) cursor[e] = offsets[e] = run, run += count[e];
+        offsets[n_expert] = run;
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+        const int place = atomicAdd(&cursor[ids[p]], 1);
+        order[place] = p;
+        place_of[p] = place;
+    }
+}
+
+// xs[place] = x[order[place] / n_used]: each pair's token row, in expert order. LAUNCH: block 256, grid n_pairs.
+extern "C" __global__ void moe_gather(const float* x, const int* order, float* xs, int n_used, int n_cols) {
+    const float* src = x + (size_t)(order[blockIdx.x] / n_used) * n_cols;
+    float* dst = xs + (size_t)blockIdx.x * n_cols;
+    for (int c = threadIdx.x; c < n_cols; c += blockDim.x) dst[c] = src[c];
+}
+
+// y[t] = sum over j of weights[t, j] * ys[place_of[t * n_used + j]], slots in order as experts_down sums them.
+// LAUNCH: block 256, grid n_tok.
+extern "C" __global__ void moe_combine(const float* ys, const int* place_of, const float* weights, float* y, int n_used,
+                                       int n_cols) {
+    const int t = blockIdx.x;
+    for (int c = threadIdx.x; c < n_cols; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < n_used; ++j) {
+            const int pair = t * n_used + j;
+            acc = __fadd_rn(acc, __fmul_rn(ys[(size_t)place_of[pair] * n_cols + c], weights[pair]));
+        }
+        y[(size_t)t * n_cols + c] = acc;
+    }
+}
+
 #define MOE_KERNELS(name, B)                                                                                    \
     extern "C" __global__ void __launch_bounds__(MOE_WARPS * WARP)                                              \
         stacked_matvec_##name(const uint8_t* W, int64_t matrix_bytes, const int* ids, const float* x, float* y, \
