@@ -83,7 +83,8 @@ class ModelFile:
             cpu_only = None if "cuda" in self.arch.BACKENDS else f"{self.config.arch} runs on the CPU backend for now: use --device cpu"
             ops = start.ops(cpu_only)
         if start.cuda_init_ms is not None:
-            self.timings.phases.update(cuda_start_ms=start.started_ms, cuda_init_ms=start.cuda_init_ms)
+            self.timings.phases.update(cuda_start_ms=start.started_ms, cuda_init_ms=start.cuda_init_ms,
+                                       cuda_ready_ms=start.ready_ms)
             self.timings.phases["cuda_init_hidden_ms"] = max(0.0, start.cuda_init_ms - self.timings.phases["backend_init_ms"])
         n_ctx = n_ctx or self.config.n_ctx_train
         c, arch = self.config, self.arch

@@ -35,9 +35,9 @@ class Timings:
 # driver's init and the part of it the host path hid, the weights' trip, then the request
 # (constraint_ms: the main thread's time on a constraint, its vocabulary's build included where
 # the thread building it had not ended when the first mask was wanted)
-REPORTED_PHASES = ("interpreter_ms", "gguf_open_ms", "tokenizer_ms", "cuda_start_ms", "cuda_init_ms", "cuda_init_hidden_ms",
-                   "backend_init_ms", "model_load_ms", "reserve_ms", "upload_ms", "upload_gb_per_s", "kv_import_ms", "constraint_ms",
-                   "prompt_eval_ms", "first_token_ms", "kv_export_ms", "total_ms")
+REPORTED_PHASES = ("interpreter_ms", "gguf_open_ms", "tokenizer_ms", "cuda_start_ms", "cuda_init_ms", "cuda_ready_ms",
+                   "cuda_init_hidden_ms", "backend_init_ms", "model_load_ms", "reserve_ms", "upload_ms", "upload_gb_per_s",
+                   "kv_import_ms", "constraint_ms", "prompt_eval_ms", "first_token_ms", "kv_export_ms", "total_ms")
 
 
 def reported_phases(phases: dict) -> dict:

@@ -29,6 +29,7 @@ class BackendStart:
         self.device = device
         self.started_ms = since_start_ms()  # when the driver's init began, since reflex_engine's import
         self.cuda_init_ms: float | None = None  # the driver's time on the thread
+        self.ready_ms: float | None = None  # when it ended, since reflex_engine's import
         self._cuda = self._error = None
         self._thread = None
         if device != "cpu":
@@ -52,6 +53,7 @@ class BackendStart:
         except BaseException as e:  # re-raised on the caller's thread by ops()
             self._error = e
         self.cuda_init_ms = (time.perf_counter() - start) * 1e3
+        self.ready_ms = since_start_ms()
 
     def ops(self, cpu_only: str | None = None):
         """The backend, once ready (blocks until the driver's init ends). `cpu_only`: why the model
