@@ -191,6 +191,15 @@ def test_auto_offers_the_tools_and_none_leaves_them_out(client, sidecar, referen
 
 # -- response_format -------------------------------------------------------------------------------
 
+def content_and_finish(client, request: dict, stream: bool) -> tuple[str, str]:
+    """An answer's content and finish_reason, whole or put together from its streamed deltas."""
+    if stream:
+        chunks = list(client.chat.completions.create(**request, stream=True))
+        return "".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1].choices[0].finish_reason
+    answer = client.chat.completions.create(**request)
+    return answer.choices[0].message.content, answer.choices[0].finish_reason
+
+
 @pytest.mark.parametrize("seed", [SEED + 4])
 @pytest.mark.parametrize("stream", [False, True])
 def test_json_schema_output_validates_and_is_the_engines(client, reference, seed, stream):
@@ -199,13 +208,7 @@ def test_json_schema_output_validates_and_is_the_engines(client, reference, seed
     request = dict(model=NAME, messages=USER, max_tokens=300, seed=seed,
                    response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema,
                                                                           "strict": True}})
-    if stream:
-        chunks = list(client.chat.completions.create(**request, stream=True))
-        content = "".join(c.choices[0].delta.content or "" for c in chunks)
-        finish = chunks[-1].choices[0].finish_reason
-    else:
-        answer = client.chat.completions.create(**request)
-        content, finish = answer.choices[0].message.content, answer.choices[0].finish_reason
+    content, finish = content_and_finish(client, request, stream)
     assert finish == "stop"
     jsonschema.validate(json.loads(content), schema)
     _, result = reference.generate(messages=USER, json_schema=schema, max_tokens=300, seed=seed, **openai_sampling())
@@ -218,13 +221,7 @@ def test_json_object_output_is_an_object(client):
         stream = rng.random() < 0.5
         request = dict(model=NAME, messages=USER, max_tokens=300, seed=rng.randrange(1 << 30),
                        response_format={"type": "json_object"})
-        if stream:
-            chunks = list(client.chat.completions.create(**request, stream=True))
-            content = "".join(c.choices[0].delta.content or "" for c in chunks)
-            finish = chunks[-1].choices[0].finish_reason
-        else:
-            answer = client.chat.completions.create(**request)
-            content, finish = answer.choices[0].message.content, answer.choices[0].finish_reason
+        content, finish = content_and_finish(client, request, stream)
         if finish == "stop":
             assert isinstance(json.loads(content), dict)
             return
