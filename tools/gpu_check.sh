@@ -16,6 +16,8 @@
 #               unless MOE_COLD=0)
 #   HYBRID=1    BENCH and COLD also on a Qwen3.5-0.8B-shaped file (qwen35: Gated DeltaNet + gated attention;
 #               BENCH in QUANTS; COLD: 16- and 1,024-token prompts, its own table)
+#   PROFILE=1   tools/profile_kernels.py on each shape's Q4_K_M file: GPU time per kernel of a PROFILE_TOKENS-token
+#               (16) prompt's pass and of a decode step, beside the passes' wall time
 #   SIDECAR=1   with COLD: the sidecar's cold start (sidecar/tools/cold_start.py, its wheels in .whl/)
 #   RESERVE_S   with COLD: seconds the main harness leaves for the MoE, hybrid and sidecar runs after it
 #   SMOLLM2=1   SmolLM2 on CUDA, from .smollm2/ pieces gathered over consecutive warm calls
@@ -102,7 +104,7 @@ fi
 model_file() { case $1 in dsv2-lite|qwen35-*) echo "/tmp/$1-$2.gguf" ;; *) echo "/tmp/qwen3-$1-$2.gguf" ;; esac; }
 MOE_SHAPES=${MOE_SHAPES:-30b-a3b dsv2-lite}
 q4_only() { case " $MOE_SHAPES " in *" $1 "*) return 0 ;; esac; return 1; }  # the MoE files: Q4_K_M alone
-if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ]; then
+if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ]; then
     tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
     QUANTS=${QUANTS:-q4_k_m}
     SHAPES=${MAIN_SHAPES:-0.6b 8b}; [ "${MOE:-0}" = 1 ] && SHAPES="$SHAPES $MOE_SHAPES"; [ "${HYBRID:-0}" = 1 ] && SHAPES="$SHAPES qwen35-0.8b"
@@ -114,6 +116,14 @@ if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ]; then
         done
     done
     echo "models done at $(elapsed) s"
+fi
+
+if [ "${PROFILE:-0}" = 1 ]; then  # before BENCH waits for llama.cpp, whose build may run beside it (host times then loaded)
+    for shape in $SHAPES; do
+        f=$(model_file $shape q4_k_m)
+        [ "$(elapsed)" -gt $(( END - 60 )) ] && { echo "profile: no time left for $shape"; continue; }
+        python3 tools/profile_kernels.py "$f" --prompt-tokens "${PROFILE_TOKENS:-16}" 2>&1 | tee -a "$LOG"
+    done
 fi
 
 if [ "${BENCH:-0}" = 1 ]; then
