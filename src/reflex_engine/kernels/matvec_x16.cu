@@ -29,25 +29,6 @@ __host__ __device__ __forceinline__ uint32_t sub_bytes(uint32_t w, uint32_t c) {
     return ((w | 0x80808080u) - c * 0x01010101u) ^ 0x80808080u;
 }
 
-// N little-endian words of weights (read-only) from a 2-byte aligned p: aligned 32-bit loads
-// realigned by funnel shifts, one more only where p is not 4-byte aligned, so they reach at most 2
-// bytes either side of the N words, and only then (past a tensor's end: its 256-byte aligned carve).
-template <int N>
-__host__ __device__ __forceinline__ void load_words_realigned(const uint8_t* p, uint32_t (&w)[N]) {
-#ifdef __CUDA_ARCH__
-    const uint32_t* base = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~(uintptr_t)3);
-    const int shift = 8 * (int)(reinterpret_cast<uintptr_t>(p) & 3);
-    uint32_t raw[N + 1];
-#pragma unroll
-    for (int i = 0; i < N; ++i) raw[i] = __ldg(base + i);
-    raw[N] = shift ? __ldg(base + N) : 0u;
-#pragma unroll
-    for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw[i], raw[i + 1], shift);
-#else
-    load_words<2>(p, w);
-#endif
-}
-
 // 16 int16 of x (8 words) at a 32-byte aligned p, through the read-only path (L1, shared by the blocks on an SM).
 __host__ __device__ __forceinline__ void x_words(const uint8_t* p, uint32_t (&w)[8]) {
 #ifdef __CUDA_ARCH__
@@ -96,7 +77,7 @@ template <> struct x16_type<block_q8_0> {
     __host__ __device__ static void load(const uint8_t* row, int u, x16_unit& w) {
         const uint8_t* b = row + (size_t)34 * u;
         uint32_t q[8];
-        load_words_realigned(b + 2, q);  // reach: the block's d, the next block's d or the carve's padding
+        load_words_shifted(b + 2, q);  // reach: the block's d, the next block's d or the carve's padding
 #pragma unroll
         for (int i = 0; i < 4; ++i) w.a[i] = q[i], w.b[i] = q[i + 4];
         w.sa = w.sb = f16_to_float(load_u16(b)), w.ma = w.mb = 0.0f;
@@ -110,7 +91,7 @@ template <> struct x16_type<block_q4_0> {
     __host__ __device__ static void load(const uint8_t* row, int u, x16_unit& w) {
         const uint8_t* b = row + (size_t)18 * u;
         uint32_t q[4];
-        load_words_realigned(b + 2, q);  // reach: as Q8_0's
+        load_words_shifted(b + 2, q);  // reach: as Q8_0's
 #pragma unroll
         for (int i = 0; i < 4; ++i) w.a[i] = sub_bytes(q[i] & 0x0F0F0F0F, 8), w.b[i] = sub_bytes(q[i] >> 4 & 0x0F0F0F0F, 8);
         w.sa = w.sb = f16_to_float(load_u16(b)), w.ma = w.mb = 0.0f;
@@ -124,8 +105,8 @@ template <> struct x16_type<block_q5_0> {
     __host__ __device__ static void load(const uint8_t* row, int u, x16_unit& w) {
         const uint8_t* b = row + (size_t)22 * u;
         uint32_t q[4], qh[1];
-        load_words_realigned(b + 2, qh);  // reach: d before, qs after
-        load_words_realigned(b + 6, q);  // reach: qh before; the next block's d or the carve's padding after
+        load_words_shifted(b + 2, qh);  // reach: d before, qs after
+        load_words_shifted(b + 6, q);  // reach: qh before; the next block's d or the carve's padding after
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             w.a[i] = sub_bytes((q[i] & 0x0F0F0F0F) | spread4(qh[0] >> (4 * i)) << 4, 16);
@@ -202,8 +183,8 @@ template <> struct x16_type<block_q6_K> {
         // reach: before ql[0], the previous block's d (a tensor's first block is 16-byte aligned:
         // none); past either run, more of this block
         uint32_t lo[4], hi[4];
-        load_words_realigned(b.ql + 64 * h + 32 * kk + l0, lo);
-        load_words_realigned(b.qh + 32 * h + l0, hi);
+        load_words_shifted(b.ql + 64 * h + 32 * kk + l0, lo);
+        load_words_shifted(b.qh + 32 * h + l0, hi);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             w.a[i] = sub_bytes((lo[i] & 0x0F0F0F0F) | (hi[i] >> (2 * kk) & 0x03030303) << 4, 32);

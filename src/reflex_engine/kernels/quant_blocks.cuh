@@ -95,9 +95,9 @@ __host__ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (
 #endif
 }
 
-// N little-endian 32-bit words from a 2-byte aligned p, as N + 1 aligned 32-bit loads realigned
-// by funnel shifts instead of 2N 16-bit loads. Those loads reach up to 2 bytes before p and 4
-// past its N words: the caller must own them.
+// N little-endian words of weights (read-only) from a 2-byte aligned p: aligned 32-bit loads
+// realigned by funnel shifts, one more only where p is not 4-byte aligned, so they reach at most 2
+// bytes either side of the N words, and only then (past a tensor's end: its 256-byte aligned carve).
 template <int N>
 __host__ __device__ __forceinline__ void load_words_shifted(const uint8_t* p, uint32_t (&w)[N]) {
 #ifdef __CUDA_ARCH__
@@ -105,7 +105,8 @@ __host__ __device__ __forceinline__ void load_words_shifted(const uint8_t* p, ui
     const int shift = 8 * (int)(reinterpret_cast<uintptr_t>(p) & 3);
     uint32_t raw[N + 1];
 #pragma unroll
-    for (int i = 0; i <= N; ++i) raw[i] = base[i];
+    for (int i = 0; i < N; ++i) raw[i] = __ldg(base + i);
+    raw[N] = shift ? __ldg(base + N) : 0u;
 #pragma unroll
     for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw[i], raw[i + 1], shift);
 #else
@@ -589,7 +590,7 @@ struct block_q6_K {
     __host__ __device__ static void piece(const uint8_t* row, int p, int, float q[16], float& d, float& m) {
         const block_q6_K& b = reinterpret_cast<const block_q6_K*>(row)[p / 16];
         const int s = p % 16 / 2, h = s / 4, k = s % 4, l0 = 16 * (p % 2);
-        // the bytes load_words_shifted reaches past either run are this block's (qh, scales); before
+        // the bytes load_words_shifted may reach past either run are this block's (qh, scales); before
         // ql[0], those of the tensor's previous block (its first block is 16-byte aligned)
         uint32_t lo[4], hi[4];
         load_words_shifted(b.ql + 64 * h + 32 * (k % 2) + l0, lo);
