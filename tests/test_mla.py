@@ -16,7 +16,7 @@ from reflex_engine.ops import Batch, CacheShape, Rope, RopeMode
 from reflex_engine.sampling import SamplingParams
 from model_files import rewrite, run_cli
 from test_cpu_ops import _attention_reference
-from test_goldens import paths
+from test_goldens import DEVICES, paths
 
 ops = CpuOps()
 rng = np.random.default_rng(5)
@@ -70,12 +70,13 @@ def test_yarn_rope_matches_transformers_formulation():
     np.testing.assert_allclose(ops.rope(x, positions, n_rot, rope), expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant,qtype", VARIANTS)
-def test_deepseek_logits_and_greedy_match_transformers(variant, qtype):
+def test_deepseek_logits_and_greedy_match_transformers(variant, qtype, device):
     model_path, golden_path = paths(variant, qtype)
-    model = reflex_engine.load(model_path, device="cpu")
+    model = reflex_engine.load(model_path, device=device)
     report = check_against_reference(model, golden_path)
-    assert report.tolerance == TOLERANCE["cpu"]
+    assert report.tolerance == TOLERANCE[device]
     assert report.ok, "\n".join(report.lines)
     assert report.n_prompts == (6 if variant == "deepseek2" else 5)
     assert sum("greedy" in line and "identical" in line for line in report.lines) == 2

@@ -12,7 +12,7 @@ from reflex_engine.check import TOLERANCE, check_against_reference
 from reflex_engine.errors import ReflexError
 from reflex_engine.ops import Gating, Routing
 from model_files import rewrite, run_cli
-from test_goldens import paths
+from test_goldens import DEVICES, paths
 
 ops = CpuOps()
 rng = np.random.default_rng(11)
@@ -128,12 +128,13 @@ def test_no_tokens():
 
 # -- qwen3moe against transformers ---------------------------------------------------------------
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("qtype", MOE_TYPES)
-def test_qwen3moe_logits_and_greedy_match_transformers(qtype):
+def test_qwen3moe_logits_and_greedy_match_transformers(qtype, device):
     model_path, golden_path = paths("qwen3moe", qtype)
-    model = reflex_engine.load(model_path, device="cpu")
+    model = reflex_engine.load(model_path, device=device)
     report = check_against_reference(model, golden_path)
-    assert report.tolerance == TOLERANCE["cpu"]
+    assert report.tolerance == TOLERANCE[device]
     assert report.ok, "\n".join(report.lines)
     assert report.n_prompts == 5
     assert sum("greedy" in line and "identical" in line for line in report.lines) == 2
