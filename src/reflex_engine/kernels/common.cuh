@@ -46,3 +46,28 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(p)));
 #endif
 }
+
+// A matvec block's end: every thread's partial dot products acc[r][t] (row r0 + r, token t), summed
+// over each warp, then over the block's warps through `partial`, into y (n_tok, n_rows). Every thread
+// of the block calls it.
+template <int ROWS, int TOKENS, int WARPS>
+__device__ __forceinline__ void store_row_sums(const float (&acc)[ROWS][TOKENS], float (&partial)[WARPS][ROWS][TOKENS],
+                                               float* __restrict__ y, int r0, int n_rows, int n_tok) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+#pragma unroll
+    for (int t = 0; t < TOKENS; ++t) {
+        if (t >= n_tok) break;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const float s = warp_sum(acc[r][t]);
+            if (lane == 0) partial[warp][r][t] = s;
+        }
+    }
+    __syncthreads();
+    const int r = threadIdx.x / TOKENS, t = threadIdx.x % TOKENS;
+    if (r < ROWS && r0 + r < n_rows && t < n_tok) {
+        float s = 0.0f;
+        for (int w = 0; w < (int)blockDim.x / WARP; ++w) s += partial[w][r][t];
+        y[(size_t)t * n_rows + r0 + r] = s;
+    }
+}

@@ -81,23 +81,7 @@ __device__ __forceinline__ void matvec(const uint8_t* __restrict__ W, const floa
         }
     }
 
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-#pragma unroll
-    for (int t = 0; t < MATVEC_MAX_TOKENS; ++t) {
-        if (t >= n_tok) break;
-#pragma unroll
-        for (int r = 0; r < MATVEC_ROWS; ++r) {
-            const float s = warp_sum(acc[r][t]);
-            if (lane == 0) partial[warp][r][t] = s;
-        }
-    }
-    __syncthreads();
-    const int r = threadIdx.x / MATVEC_MAX_TOKENS, t = threadIdx.x % MATVEC_MAX_TOKENS;
-    if (r < MATVEC_ROWS && r0 + r < n_rows && t < n_tok) {
-        float s = 0.0f;
-        for (int w = 0; w < (int)blockDim.x / WARP; ++w) s += partial[w][r][t];
-        y[(size_t)t * n_rows + r0 + r] = s;
-    }
+    store_row_sums(acc, partial, y, r0, n_rows, n_tok);
 }
 
 // 5 blocks an SM: at most 96 registers, which these kernels fit without spilling. More than 8 tokens are

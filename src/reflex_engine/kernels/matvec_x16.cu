@@ -270,23 +270,7 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
         }
     }
 
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-#pragma unroll
-    for (int t = 0; t < X16_MAX_TOKENS; ++t) {
-        if (t >= n_tok) break;
-#pragma unroll
-        for (int r = 0; r < X16_ROWS; ++r) {
-            const float s = warp_sum(acc[r][t]);
-            if (lane == 0) partial[warp][r][t] = s;
-        }
-    }
-    __syncthreads();
-    const int r = threadIdx.x / X16_MAX_TOKENS, t = threadIdx.x % X16_MAX_TOKENS;
-    if (r < X16_ROWS && r0 + r < n_rows && t < n_tok) {
-        float s = 0.0f;
-        for (int w = 0; w < (int)blockDim.x / WARP; ++w) s += partial[w][r][t];
-        y[(size_t)t * n_rows + r0 + r] = s;
-    }
+    store_row_sums(acc, partial, y, r0, n_rows, n_tok);
 }
 
 // y (n_tok, n_rows) = x_deq · Wᵀ, from quantize_x16's xq and xds of x (n_tok, n_cols), in passes of 8 tokens,
