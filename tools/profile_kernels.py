@@ -22,6 +22,7 @@ from collections import defaultdict
 os.environ["REFLEX_CUDA_GRAPHS"] = "0"  # before the backend exists: every kernel a launch of its own
 
 import reflex_engine  # noqa: E402 (after the environment is set)
+from reflex_engine.errors import ReflexError  # noqa: E402
 from reflex_engine.sampling import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
@@ -96,7 +97,10 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=32, help="decode steps profiled after the prompt")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    model = reflex_engine.load(args.model, device="cuda", n_ctx=args.prompt_tokens + args.decode + 256)
+    try:
+        model = reflex_engine.load(args.model, device="cuda", n_ctx=args.prompt_tokens + args.decode + 256)
+    except ReflexError as e:
+        sys.exit(f"profile_kernels: {e}")
     rng = random.Random(0)
     ids = [rng.randrange(model.config.n_vocab) for _ in range(args.prompt_tokens)]
     generate(model, ids, args.decode)  # warm-up: the kernels' first loads, the weights on the device
