@@ -33,12 +33,14 @@ class BackendStart:
         self._cuda = self._error = None
         self._thread = None
         if device != "cpu":
-            # imported here, not on the thread: there its import waited on the GIL and on the import
-            # locks of modules the main thread was importing (H200: the init began ~40 ms late)
-            from .cuda.device import Device, configure_driver_environment
+            # Only the driver binding is imported before the thread starts (device.py's imports, ~20
+            # ms on an H200 host, once delayed the init by as much); on the thread cuInit runs first
+            # and device.py is imported after it, when the main thread has long imported what it
+            # shares with the CLI (so neither waits on the other's import locks).
+            from .cuda import driver
 
-            self._device_class = Device
-            configure_driver_environment()  # before the thread: setenv is not safe beside getenv
+            self._driver = driver
+            driver.configure_driver_environment()  # before the thread: setenv is not safe beside getenv
             # Each time a driver call returns, the init thread needs the GIL back from the busy main
             # thread, which yields it only every switch interval (5 ms): ~20 calls, up to ~100 ms.
             self._switch_interval = sys.getswitchinterval()
@@ -49,7 +51,11 @@ class BackendStart:
     def _init_cuda(self) -> None:
         start = time.perf_counter()
         try:
-            self._cuda = self._device_class()
+            drv = self._driver.Driver(self._driver.load_library())
+            drv.init()
+            from .cuda.device import Device
+
+            self._cuda = Device(drv)
         except BaseException as e:  # re-raised on the caller's thread by ops()
             self._error = e
         self.cuda_init_ms = (time.perf_counter() - start) * 1e3

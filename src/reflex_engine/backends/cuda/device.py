@@ -26,34 +26,11 @@ class DeviceInfo(NamedTuple):
     driver_version: int  # cuDriverGetVersion: 12040 = CUDA 12.4
 
 
-# Context creation sets up a hardware work queue per connection, ~7 ms each on an H200 (8 by
-# default); the engine's one compute stream needs one, and copies on other streams still overlap
-# its kernels with a single copy queue. Defaults only: a variable already set is left alone.
-DRIVER_ENVIRONMENT = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "1"}
-
-
-def configure_driver_environment() -> None:
-    """Set DRIVER_ENVIRONMENT's defaults; call before the driver initialises, on the main thread."""
-    for name, value in DRIVER_ENVIRONMENT.items():
-        os.environ.setdefault(name, value)
-
-
-def _init(drv: cu.Driver) -> None:
-    try:
-        drv.cuInit(0)
-    except cu.CudaError as e:
-        if e.code == cu.CUDA_ERROR_NO_DEVICE:
-            raise CudaUnavailable("no CUDA GPU found (the NVIDIA driver is installed but sees no device); use --device cpu") from None
-        if e.code == cu.CUDA_ERROR_INSUFFICIENT_DRIVER:
-            raise ReflexError("the NVIDIA driver is too old for this machine's CUDA runtime (cuInit: CUDA_ERROR_INSUFFICIENT_DRIVER)") from None
-        raise
-
-
 class Device:
     def __init__(self, drv: cu.Driver | None = None, ordinal: int = 0):
         self.drv = drv or cu.Driver(cu.load_library())
         drv = self.drv
-        _init(drv)
+        drv.init()
         count = c_int()
         drv.cuDeviceGetCount(byref(count))
         if ordinal >= count.value:

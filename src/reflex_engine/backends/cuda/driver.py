@@ -7,6 +7,7 @@ CUresult's name. The library object is injectable so tests can simulate a driver
 from __future__ import annotations
 
 import ctypes
+import os
 from ctypes import POINTER, byref, c_char_p, c_float, c_int, c_size_t, c_uint, c_uint64, c_void_p
 
 from ...errors import CudaUnavailable, ReflexError
@@ -72,6 +73,18 @@ _SIGNATURES = {
 }
 
 
+# Context creation sets up a hardware work queue per connection, ~7 ms each on an H200 (8 by
+# default); the engine's one compute stream needs one, and copies on other streams still overlap
+# its kernels with a single copy queue. Defaults only: a variable already set is left alone.
+DRIVER_ENVIRONMENT = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "1"}
+
+
+def configure_driver_environment() -> None:
+    """Set DRIVER_ENVIRONMENT's defaults; call before the driver initialises, on the main thread."""
+    for name, value in DRIVER_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+
+
 class CudaError(ReflexError):
     """A driver call failed; `code` is the CUresult."""
 
@@ -112,6 +125,17 @@ class Driver:
         if self._lib.cuGetErrorName(code, byref(out)) != CUDA_SUCCESS or not out.value:
             return "CUDA_ERROR_UNKNOWN"
         return out.value.decode()
+
+    def init(self) -> None:
+        """cuInit, its refusals as the errors a user can act on; a second call is harmless."""
+        try:
+            self.cuInit(0)
+        except CudaError as e:
+            if e.code == CUDA_ERROR_NO_DEVICE:
+                raise CudaUnavailable("no CUDA GPU found (the NVIDIA driver is installed but sees no device); use --device cpu") from None
+            if e.code == CUDA_ERROR_INSUFFICIENT_DRIVER:
+                raise ReflexError("the NVIDIA driver is too old for this machine's CUDA runtime (cuInit: CUDA_ERROR_INSUFFICIENT_DRIVER)") from None
+            raise
 
     # -- the few calls that return values, as functions ---------------------------------------
 
