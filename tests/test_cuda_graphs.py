@@ -42,3 +42,16 @@ def test_replayed_decode_equals_eager_decode(models, sampling):
         assert got[1] == pytest.approx(want[1], abs=1e-6)
     assert type(graphed._decode_step).__name__ == "DecodeGraph" and graphed._decode_step._exec is not None
     assert type(eager._decode_step).__name__ != "DecodeGraph"
+
+
+def test_kernels_that_start_before_the_previous_one_ends_compute_what_serialized_kernels_do(monkeypatch):
+    """Programmatic stream serialization (device.py) lets each kernel's blocks start early and
+    wait inside it: a kernel that read or wrote before that wait would race, and differ here."""
+    path = paths("qwen3", "Q4_K")[0]
+    overlapped = reflex_engine.load(path, device="cuda", n_ctx=256)
+    monkeypatch.setenv("REFLEX_CUDA_PDL", "0")
+    serialized = reflex_engine.load(path, device="cuda", n_ctx=256)
+    assert overlapped.ops.device._config is not None and serialized.ops.device._config is None
+    for sampling in SAMPLINGS[:2]:
+        got, want = run(overlapped, PROMPTS[1], sampling), run(serialized, PROMPTS[1], sampling)
+        assert got == want  # the same kernels on the same inputs: bit for bit

@@ -2,6 +2,7 @@
 import hashlib
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -90,3 +91,27 @@ def test_the_installed_image_matches_its_manifest():
             assert bk.cubin_elf_abi(data)[1] == entry["elf_abi_version"] == manifest["elf_abi_version"][entry["arch"]]
     if not manifest["narrowed_by"]:
         assert find_image((9, 0)).arch == "sm_90" and find_image((13, 0)).kind == "ptx"
+
+
+def kernel_bodies(source: str):
+    """(name, body) of every __global__ function in a kernel file, macro-made ones included."""
+    for m in re.finditer(r"__global__[\s\\]+void[\s\\]+(?:__launch_bounds__\([^)]*\)[\s\\]*)?(\w+(?:##\w+)*)\s*\([^{;]*\)\s*\{", source):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(source[i], 0)
+            i += 1
+        yield m.group(1), source[m.end():i - 1]
+
+
+def test_every_kernel_waits_for_the_previous_kernel_before_anything_else():
+    # device.py launches every kernel with programmatic stream serialization on sm_90+: a kernel
+    # that touched memory before this wait could race the kernel before it
+    kernels = os.path.join(ROOT, "src", "reflex_engine", "kernels")
+    found = 0
+    for name in bk.kernel_sources(kernels):
+        with open(os.path.join(kernels, name)) as fh:
+            for kernel, body in kernel_bodies(fh.read()):
+                first = body.replace("\\", " ").split(";", 1)[0].strip()
+                assert first == "follow_previous_kernel()", f"{name}: {kernel} begins with {first!r}"
+                found += 1
+    assert found >= 40

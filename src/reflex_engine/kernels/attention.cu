@@ -2,6 +2,7 @@
 // Cache rows are f16, (capacity, n_kv_heads * head width) per layer; slot_seg (capacity,) is
 // the segment of each written slot, shared by every layer.
 #include "common.cuh"
+#include "x16.cuh"
 
 #define ATTN_WARPS 4
 #define ATTN_MAX_PER_LANE 8  // head widths up to 256, 32 lanes
@@ -14,6 +15,7 @@
 extern "C" __global__ void __launch_bounds__(256)
 kv_store(const float* k, const float* v, __half* k_cache, __half* v_cache, int* slot_seg,
          const int* seg, const int* start_at, int n_tok, int k_width, int v_width) {
+    follow_previous_kernel();
     const int i = blockIdx.x, start = *start_at;
     const size_t slot = (size_t)start + i;
     for (int c = threadIdx.x; c < k_width; c += blockDim.x)
@@ -167,6 +169,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP, 5)
 attention(const float* q, const __half* k_cache, const __half* v_cache, const int* slot_seg,
           const int* seg, float* out, const int* start_at, int n_tok, int n_heads, int n_kv_heads, int dk,
           int dv, float scale, float* partials) {
+    follow_previous_kernel();
     __shared__ AttnMerge merge;
     const int start = *start_at;
     // The other widths keep all ATTN_MAX_PER_LANE dims a lane, so a shorter step keeps their
@@ -185,10 +188,12 @@ attention(const float* q, const __half* k_cache, const __half* v_cache, const in
 // out for (query i, head h) from the n_splits partials `attention` left: each split's sum and
 // weighted V rescaled to the largest max. Splits of weight 0 (past the query's slot, all hidden,
 // or negligible) are skipped, so their acc is never read.
+// With xq, out's int16 blocks too (x16.cuh; dv a multiple of 32).
 // LAUNCH: grid (n_tok, n_heads), block 128; n_splits <= ATTN_MAX_SPLITS, as given to `attention`.
 #define COMBINE_STEP 16  // splits whose acc loads a thread has in flight together
 extern "C" __global__ void __launch_bounds__(128)
-attention_combine(float* partials, float* out, int n_tok, int n_splits, int dv) {
+attention_combine(float* partials, float* out, int n_tok, int n_splits, int dv, uint8_t* xq, float2* xds) {
+    follow_previous_kernel();
     __shared__ float2 pair[ATTN_MAX_SPLITS];
     __shared__ float wt[ATTN_MAX_SPLITS + COMBINE_STEP];  // 0 past n_splits
     const int i = blockIdx.x, h = blockIdx.y, n_heads = gridDim.y;
@@ -215,7 +220,8 @@ attention_combine(float* partials, float* out, int n_tok, int n_splits, int dv) 
 #pragma unroll
             for (int u = 0; u < COMBINE_STEP; ++u) o += wt[s0 + u] * a[u];
         }
-        out_row[c] = o * inv_total;
+        out_row[c] = o *= inv_total;
+        if (xq) store_x16<1>({o}, true, (int)(((size_t)i * n_heads + h) * dv + c), xq, xds);  // a warp: 32 consecutive c
     }
 }
 
@@ -329,6 +335,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP)
 attention_tiled(const float* q, const __half* k_cache, const __half* v_cache, const int* slot_seg,
                 const int* seg, float* out, const int* start_at, int n_tok, int n_heads, int n_kv_heads, int dk,
                 int dv, float scale) {
+    follow_previous_kernel();
     // one buffer for both widths: separate __shared__ variables would each take their room
     __shared__ __align__(16) unsigned char smem[sizeof(TiledSmem<128, 128>)];
     const int start = *start_at;

@@ -6,6 +6,18 @@
 
 #define WARP 32
 
+// Every kernel's first statement. On sm_90+ kernels are launched with programmatic stream
+// serialization (backends/cuda/device.py): a kernel's blocks may start while the kernel before
+// it still runs, so they wait here for its end (its writes then visible), then let the next
+// kernel's blocks launch, whose start-up overlaps this kernel's run. Before anything is read or
+// written: the previous kernel may still be reading what this one overwrites.
+__device__ __forceinline__ void follow_previous_kernel() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 struct Sum {
     template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
 };

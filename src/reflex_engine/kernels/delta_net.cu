@@ -21,6 +21,7 @@ __device__ __forceinline__ int key_head(int h, int n_heads, int k_heads, int til
 // y = x * sigmoid(gate): gate (T, cols) as x, or (T, 1) when gate_cols is 1.
 // LAUNCH: block 256, grid.x = ceil(n / 256), n = T * cols.
 extern "C" __global__ void sigmoid_gate_f32(const float* x, const float* gate, float* y, int64_t n, int cols, int gate_cols) {
+    follow_previous_kernel();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __fmul_rn(x[i], sigmoid_rn(gate[gate_cols == 1 ? i / cols : i]));
 }
@@ -29,6 +30,7 @@ extern "C" __global__ void sigmoid_gate_f32(const float* x, const float* gate, f
 // LAUNCH: block 256, grid.x = ceil(T * H / 256).
 extern "C" __global__ void gdn_gates_f32(const float* alpha, const float* beta, const float* dt_bias, const float* ssm_a,
                                          float* g, float* b, int n, int n_heads) {
+    follow_previous_kernel();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int h = i % n_heads;
@@ -43,6 +45,7 @@ extern "C" __global__ void gdn_gates_f32(const float* alpha, const float* beta, 
 // w: (C, K) float32 or float16 (w_f16). LAUNCH: block 256, grid.x = ceil(C / 256); K <= CONV_MAX_TAPS.
 extern "C" __global__ void causal_conv1d_f32(const float* x, const void* w, float* state, float* y, int n_tok, int channels,
                                              int taps, int w_f16, int fresh) {
+    follow_previous_kernel();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= channels) return;
     float wc[CONV_MAX_TAPS], past[CONV_MAX_TAPS - 1];
@@ -76,6 +79,7 @@ extern "C" __global__ void causal_conv1d_f32(const float* x, const void* w, floa
 extern "C" __global__ void delta_rule_step(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                            float* state, float* out, int n_heads, int k_heads, int dk, int dv, int tiled,
                                            float scale, int fresh) {
+    follow_previous_kernel();
     constexpr int ROWS = DELTA_MAX_DK / 8;
     __shared__ float partial[8][WARP];
     const int h = blockIdx.x, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
@@ -133,6 +137,7 @@ extern "C" __global__ void delta_rule_step(const float* q, const float* k, const
 extern "C" __global__ void delta_rule_chunk_prep(const float* q, const float* k, const float* v, const float* g,
                                                  const float* beta, float* w, float* u, float* qk, float* cum, int n_tok,
                                                  int n_heads, int k_heads, int dk, int dv, int tiled, float scale, int chunk) {
+    follow_previous_kernel();
     __shared__ float m[CHUNK_MAX][CHUNK_MAX + 1];
     __shared__ float c[CHUNK_MAX], bt[CHUNK_MAX];
     const int a = blockIdx.x * chunk, h = blockIdx.y, n = min(chunk, n_tok - a), tid = threadIdx.x;
@@ -199,6 +204,7 @@ extern "C" __global__ void delta_rule_chunk_scan(const float* q, const float* k,
                                                  const float* qk, const float* cum, float* state, float* out, int n_tok,
                                                  int n_heads, int k_heads, int dk, int dv, int tiled, float scale, int chunk,
                                                  int fresh) {
+    follow_previous_kernel();
     __shared__ float x[CHUNK_MAX * DELTA_MAX_DK];  // W, then Q, then the decayed K of the chunk: (n, dk)
     __shared__ float s[DELTA_MAX_DK][SCAN_COLUMNS];
     __shared__ float d[CHUNK_MAX][SCAN_COLUMNS];

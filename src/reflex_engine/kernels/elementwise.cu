@@ -2,18 +2,26 @@
 // Arithmetic follows the numpy backend operation for operation (explicit _rn intrinsics where
 // the compiler would otherwise contract a*b-c into one FMA), so results match it to rounding.
 #include "common.cuh"
+#include "x16.cuh"
 
 // y = x / sqrt(s + eps) * w over each group of d features, s the mean of the squares (RMSNorm) or, with
-// no w, their sum (the L2 norm of Gated DeltaNet's q and k); one block per group.
+// no w, their sum (the L2 norm of Gated DeltaNet's q and k); one block per group. With xq, y's int16
+// blocks too (x16.cuh; groups of a multiple of 32 features).
 // LAUNCH: block = 32 * ceil(min(d, 1024) / 32), grid.x = number of groups (rows * features / d).
-extern "C" __global__ void norm_f32(const float* x, const float* w, float* y, int d, float eps) {
-    const float* xg = x + (int64_t)blockIdx.x * d;
-    float* yg = y + (int64_t)blockIdx.x * d;
+extern "C" __global__ void norm_f32(const float* x, const float* w, float* y, int d, float eps, uint8_t* xq, float2* xds) {
+    follow_previous_kernel();
+    const int64_t g = (int64_t)blockIdx.x * d;
+    const float* xg = x + g;
+    float* yg = y + g;
     float sq = 0.0f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) sq += xg[i] * xg[i];
     const float total = block_sum(sq);
     const float scale = sqrtf((w ? total / d : total) + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) yg[i] = w ? __fmul_rn(__fdiv_rn(xg[i], scale), w[i]) : __fdiv_rn(xg[i], scale);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {  // a warp's lanes: 32 consecutive features (d % 32 == 0 with xq)
+        const float v = w ? __fmul_rn(__fdiv_rn(xg[i], scale), w[i]) : __fdiv_rn(xg[i], scale);
+        yg[i] = v;
+        if (xq) store_x16<1>({v}, true, (int)(g + i), xq, xds);
+    }
 }
 
 // Rotate the first n_rot dims of every head; NEOX pairs (i, i + n_rot/2), NORM pairs (2i, 2i+1).
@@ -21,6 +29,7 @@ extern "C" __global__ void norm_f32(const float* x, const float* w, float* y, in
 // LAUNCH: block = (n_rot / 2 rounded up to 32, capped at 256), grid = (n_tok, n_heads).
 extern "C" __global__ void rope_f32(const float* x, float* y, const int* pos, const float* freq_factors, int head_dim,
                                     int n_rot, int neox, double base, double freq_scale) {
+    follow_previous_kernel();
     const int64_t head = ((int64_t)blockIdx.x * gridDim.y + blockIdx.y) * head_dim;
     const int half = n_rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -39,18 +48,25 @@ extern "C" __global__ void rope_f32(const float* x, float* y, const int* pos, co
 
 // LAUNCH for the elementwise kernels: block 256, grid.x = ceil(n / 256).
 extern "C" __global__ void add_f32(const float* a, const float* b, float* y, int64_t n) {
+    follow_previous_kernel();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = a[i] + b[i];
 }
 
-// silu(gate) * up as gate / (1 + exp(-gate)) * up: exp overflowing to inf gives -0, as in numpy.
-extern "C" __global__ void swiglu_f32(const float* gate, const float* up, float* y, int64_t n) {
+// silu(gate) * up as gate / (1 + exp(-gate)) * up: exp overflowing to inf gives -0, as in numpy. With
+// xq, y's int16 blocks too (x16.cuh; n a multiple of 32).
+extern "C" __global__ void swiglu_f32(const float* gate, const float* up, float* y, int64_t n, uint8_t* xq, float2* xds) {
+    follow_previous_kernel();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __fmul_rn(__fdiv_rn(gate[i], 1.0f + expf(-gate[i])), up[i]);
+    const bool in = i < n;  // lanes past n still take part in store_x16's shuffles
+    const float g = in ? gate[i] : 0.0f, v = in ? __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), up[i]) : 0.0f;
+    if (in) y[i] = v;
+    if (xq) store_x16<1>({v}, in, (int)i, xq, xds);
 }
 
 // dst[i] = src[rows[i]], rows of `width` floats. LAUNCH: block 256, grid.x = number of rows.
 extern "C" __global__ void take_rows_f32(const float* src, const int* rows, float* dst, int width) {
+    follow_previous_kernel();
     const float* s = src + (int64_t)rows[blockIdx.x] * width;
     float* d = dst + (int64_t)blockIdx.x * width;
     for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
@@ -58,6 +74,7 @@ extern "C" __global__ void take_rows_f32(const float* src, const int* rows, floa
 
 // `reflex smoke`: the first kernel on a new GPU. y[i] = 2 * x[i] + i. LAUNCH: block 256.
 extern "C" __global__ void smoke(const float* x, float* y, int n) {
+    follow_previous_kernel();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = 2.0f * x[i] + (float)i;
 }

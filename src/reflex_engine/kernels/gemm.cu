@@ -120,6 +120,7 @@ __device__ __forceinline__ void gemm(const uint8_t* __restrict__ W, const float*
 #define GEMM_KERNEL(name, B)                                                                           \
     extern "C" __global__ void __launch_bounds__(2 * GEMM_TILE, 4)                                     \
         gemm_##name(const uint8_t* W, const float* X, float* Y, int n_rows, int n_cols, int n_tok) { \
+        follow_previous_kernel();                                                                    \
         gemm<B>(W, X, Y, n_rows, n_cols, n_tok);                                                       \
     }
 KERNEL_TYPES(GEMM_KERNEL)

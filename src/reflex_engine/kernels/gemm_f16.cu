@@ -31,6 +31,7 @@ __device__ __forceinline__ void dequant_f16(const uint8_t* __restrict__ W, __hal
 #define DEQUANT_KERNEL(name, B)                                                                          \
     extern "C" __global__ void __launch_bounds__(256)                                                    \
         dequant_f16_##name(const uint8_t* W, __half* out, int row0, int n_rows, int n_cols) {            \
+        follow_previous_kernel();                                                                        \
         dequant_f16<B>(W, out, row0, n_rows, n_cols);                                                    \
     }
 KERNEL_TYPES(DEQUANT_KERNEL)
@@ -183,10 +184,12 @@ __device__ __forceinline__ void gemm_f16_tile(const __half* __restrict__ W, cons
 
 extern "C" __global__ void __launch_bounds__(256)
 gemm_f16_128(const __half* W, const float* X, float* Y, int n_rows, int K, int n_tok, int ldy) {
+    follow_previous_kernel();
     gemm_f16_tile<128, 128, 2, 4>(W, X, Y, n_rows, K, n_tok, ldy);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
 gemm_f16_64(const __half* W, const float* X, float* Y, int n_rows, int K, int n_tok, int ldy) {
+    follow_previous_kernel();
     gemm_f16_tile<64, 64, 2, 2>(W, X, Y, n_rows, K, n_tok, ldy);
 }

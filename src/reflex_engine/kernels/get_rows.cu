@@ -33,6 +33,7 @@ __device__ __forceinline__ void get_rows(const uint8_t* __restrict__ W, const in
 #define GET_ROWS_KERNEL(name, B)                                                                     \
     extern "C" __global__ void __launch_bounds__(GET_ROWS_THREADS)                                   \
         get_rows_##name(const uint8_t* W, const int* ids, float* out, int n_cols, int n_ids) {    \
+        follow_previous_kernel();                                                                 \
         get_rows<B>(W, ids, out, n_cols, n_ids);                                                     \
     }
 KERNEL_TYPES(GET_ROWS_KERNEL)

@@ -89,6 +89,7 @@ __device__ __forceinline__ void matvec(const uint8_t* __restrict__ W, const floa
 #define MATVEC_KERNEL(name, B)                                                                              \
     extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 5)                                         \
         matvec_##name(const uint8_t* W, const float* x, float* y, int n_rows, int n_cols, int n_tok) {    \
+        follow_previous_kernel();                                                                         \
         const int t0 = blockIdx.y * MATVEC_MAX_TOKENS;                                                      \
         matvec<B>(W, x + (size_t)t0 * n_cols, y + (size_t)t0 * n_rows, n_rows, n_cols,                     \
                   min(MATVEC_MAX_TOKENS, n_tok - t0));                                                      \
@@ -105,6 +106,7 @@ KERNEL_TYPES(MATVEC_KERNEL)
     extern "C" __global__ void __launch_bounds__(MATVEC_THREADS, 5)                                          \
         grouped_matvec_##name(const uint8_t* W, int64_t matrix_bytes, const int* offsets, const float* xs,   \
                               float* ys, int n_rows, int n_cols) {                                           \
+        follow_previous_kernel();                                                                            \
         const int e = blockIdx.y, end = offsets[e + 1];                                                      \
         for (int a = offsets[e]; a < end; a += MATVEC_MAX_TOKENS) {                                          \
             matvec<B>(W + e * matrix_bytes, xs + (size_t)a * n_cols, ys + (size_t)a * n_rows, n_rows, n_cols, \

@@ -7,10 +7,15 @@
 // its rounding moves logits by 0.7-2.8% of their range, past CUDA's 5e-3; int16's by 1e-4.
 #include "common.cuh"
 #include "quant_blocks.cuh"
+#include "x16.cuh"
 
 constexpr int X16_MAX_TOKENS = 8;
 constexpr int X16_THREADS = 128;  // the most a block may have
-constexpr int X16_ROWS = 2;  // rows a block computes, sharing each x block it loads
+constexpr int X16_ROWS = 2;  // rows a block of a pass of 8 tokens computes, sharing each x block it loads
+// rows a block of one token's matvec computes: with 2, a 4,096-column row is one unit a thread, each
+// block one round trip to memory, and the blocks' waves bound the time (H200, 8B Q4_K_M: 1.2-1.4 TB/s;
+// with 4: 1.6-2.2 TB/s, decode 234 -> 292 tok/s; with 8, 117 registers and 3 blocks an SM: 292)
+constexpr int X16_DECODE_ROWS = 4;
 constexpr int X16_AHEAD = 2;  // passes over the rows whose weights are requested before they are read
 
 // c + the dot product of the four signed bytes of w with four int16: x01 (elements 0, 1) and x23.
@@ -196,33 +201,15 @@ template <> struct x16_type<block_q6_K> {
     }
 };
 
-// rint(v / d), clamped: a subnormal d keeps so few bits that max |x| / d may pass 32767.
-__device__ __forceinline__ int quant16(float v, float d) {
-    return (int)rintf(fminf(fmaxf(__fdiv_rn(v, d), -32767.0f), 32767.0f));
-}
-
-// x (n / 32 blocks of 32 float32, n = n_tok·n_cols) to int16: xq[k] = quant16(x[k], d) with d = max |x| / 32767
-// of k's block (where d is 0, from an all-zero block or by underflow, the quants are 0); xds[block] = (d, d·Σq).
+// x (n_tok, n_cols) to its int16 blocks (x16.cuh), n = n_tok·n_cols elements.
 // LAUNCH: block = 256; grid.x = ceil(n / 1024). 8 threads a block, 4 elements each; n a multiple of 32.
 extern "C" __global__ void __launch_bounds__(256) quantize_x16(const float* __restrict__ x, uint8_t* __restrict__ xq,
                                                               float2* __restrict__ xds, int n) {
+    follow_previous_kernel();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;  // elements 4i..4i+3
-    const bool in = 4 * i < n;  // threads past n still take part in their 8-lane shuffles
+    const bool in = 4 * i < n;
     const float4 v = in ? reinterpret_cast<const float4*>(x)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = __fdiv_rn(amax, 32767.0f);
-    int q[4] = {};
-    if (d > 0.0f) {
-        q[0] = quant16(v.x, d), q[1] = quant16(v.y, d), q[2] = quant16(v.z, d), q[3] = quant16(v.w, d);
-    }
-    int sum = q[0] + q[1] + q[2] + q[3];
-#pragma unroll
-    for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (!in) return;
-    reinterpret_cast<uint2*>(xq)[i] = make_uint2((q[0] & 0xFFFF) | (uint32_t)q[1] << 16, (q[2] & 0xFFFF) | (uint32_t)q[3] << 16);
-    if (i % 8 == 0) xds[i / 8] = make_float2(d, d * (float)sum);
+    store_x16<4>({v.x, v.y, v.z, v.w}, in, i, xq, xds);
 }
 
 // Asks L2 for unit u's bytes (its share of the row: for the K types the unit's block), as matvec.cu does.
@@ -232,33 +219,33 @@ __device__ __forceinline__ void prefetch_unit(const uint8_t* row, int u, int n_u
         prefetch_l2(row + (size_t)u * 32 * sizeof(B) / B::elems);
 }
 
-template <class B>
+template <class B, int ROWS, int TOKENS>
 __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const uint8_t* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y, int n_rows, int n_cols, int n_tok) {
     using T = x16_type<B>;
-    __shared__ float partial[X16_THREADS / WARP][X16_ROWS][X16_MAX_TOKENS];
-    const int r0 = blockIdx.x * X16_ROWS, n_units = n_cols / 32;
-    const uint8_t* rows[X16_ROWS];
+    __shared__ float partial[X16_THREADS / WARP][ROWS][TOKENS];
+    const int r0 = blockIdx.x * ROWS, n_units = n_cols / 32;
+    const uint8_t* rows[ROWS];
 #pragma unroll
-    for (int r = 0; r < X16_ROWS; ++r)  // rows past n_rows re-read the last one and are never stored
+    for (int r = 0; r < ROWS; ++r)  // rows past n_rows re-read the last one and are never stored
         rows[r] = W + (size_t)min(r0 + r, n_rows - 1) * row_bytes<B>(n_cols);
 
-    float acc[X16_ROWS][X16_MAX_TOKENS] = {};
+    float acc[ROWS][TOKENS] = {};
 #pragma unroll
     for (int k = 1; k < X16_AHEAD; ++k)
 #pragma unroll
-        for (int r = 0; r < X16_ROWS; ++r) prefetch_unit<B>(rows[r], threadIdx.x + k * blockDim.x, n_units);
+        for (int r = 0; r < ROWS; ++r) prefetch_unit<B>(rows[r], threadIdx.x + k * blockDim.x, n_units);
     for (int u = threadIdx.x; u < n_units; u += blockDim.x) {
-        x16_unit w[X16_ROWS];
+        x16_unit w[ROWS];
 #pragma unroll
-        for (int r = 0; r < X16_ROWS; ++r) {
+        for (int r = 0; r < ROWS; ++r) {
             prefetch_unit<B>(rows[r], u + X16_AHEAD * blockDim.x, n_units);
             T::load(rows[r], u, w[r]);
         }
         int k0, k1;
         T::runs(u, k0, k1);
 #pragma unroll
-        for (int t = 0; t < X16_MAX_TOKENS; ++t) {
+        for (int t = 0; t < TOKENS; ++t) {
             if (t >= n_tok) break;
             const size_t at = (size_t)t * n_cols;
             uint32_t xa[8], xb[8];
@@ -266,7 +253,7 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
             x_words(xq + 2 * (at + k1), xb);
             const float2 da = __ldg(xds + (at + k0) / 32), db = T::one_block ? da : __ldg(xds + (at + k1) / 32);
 #pragma unroll
-            for (int r = 0; r < X16_ROWS; ++r) acc[r][t] += w[r].template dot<T::has_min>(xa, xb, da, db);
+            for (int r = 0; r < ROWS; ++r) acc[r][t] += w[r].template dot<T::has_min>(xa, xb, da, db);
         }
     }
 
@@ -277,13 +264,21 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
 // one a blockIdx.y. A block computes X16_ROWS (2) rows; its threads stride together over the rows' 32-element units.
 // LAUNCH: block = 32 · min(4, ceil(n_cols / 1024)) threads (a multiple of 32, at most X16_THREADS);
 // grid = (ceil(n_rows / X16_ROWS), ceil(n_tok / 8)); n_cols a multiple of the type's block. 5 blocks an SM, as matvec.cu.
+// matvec_x16_1_<type>: the same for one token, X16_DECODE_ROWS rows a block; grid = ceil(n_rows / X16_DECODE_ROWS).
 #define MATVEC_X16_KERNEL(name, B)                                                                          \
     extern "C" __global__ void __launch_bounds__(X16_THREADS, 5)                                            \
         matvec_x16_##name(const uint8_t* W, const uint8_t* xq, const float2* xds, float* y, int n_rows,     \
                           int n_cols, int n_tok) {                                                          \
+        follow_previous_kernel();                                                                           \
         const size_t t0 = (size_t)blockIdx.y * X16_MAX_TOKENS;                                              \
-        matvec_x16<B>(W, xq + 2 * t0 * n_cols, xds + t0 * n_cols / 32, y + t0 * n_rows, n_rows, n_cols,     \
-                      min(X16_MAX_TOKENS, n_tok - (int)t0));                                                \
+        matvec_x16<B, X16_ROWS, X16_MAX_TOKENS>(W, xq + 2 * t0 * n_cols, xds + t0 * n_cols / 32, y + t0 * n_rows, \
+                                                n_rows, n_cols, min(X16_MAX_TOKENS, n_tok - (int)t0));      \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(X16_THREADS, 4)                                            \
+        matvec_x16_1_##name(const uint8_t* W, const uint8_t* xq, const float2* xds, float* y, int n_rows,   \
+                            int n_cols) {                                                                   \
+        follow_previous_kernel();                                                                           \
+        matvec_x16<B, X16_DECODE_ROWS, 1>(W, xq, xds, y, n_rows, n_cols, 1);                                \
     }
 MATVEC_X16_KERNEL(q4_0, block_q4_0)
 MATVEC_X16_KERNEL(q5_0, block_q5_0)

@@ -15,6 +15,7 @@
 // LAUNCH: block = 128, grid.x = n_rows.
 extern "C" __global__ void copy_heads_f32(const float* src, float* dst, int src_width, int src_offset, int dst_width,
                                           int dst_offset, int width) {
+    follow_previous_kernel();
     const float* s = src + (size_t)blockIdx.x * src_width + src_offset;
     float* d = dst + (size_t)blockIdx.x * dst_width + dst_offset;
     for (int c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
@@ -28,6 +29,7 @@ extern "C" __global__ void copy_heads_f32(const float* src, float* dst, int src_
 extern "C" __global__ void rope_yarn_f32(const float* x, float* y, const int* pos, const float* freq_factors,
                                          int head_dim, int n_rot, int neox, double base, double freq_scale,
                                          double ext_factor, double low, double high, double magnitude) {
+    follow_previous_kernel();
     const int64_t head = ((int64_t)blockIdx.x * gridDim.y + blockIdx.y) * head_dim;
     const int half = n_rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -61,6 +63,7 @@ extern "C" __global__ void rope_yarn_f32(const float* x, float* y, const int* po
 extern "C" __global__ void __launch_bounds__(MLA_WARPS * WARP)
 latent_attention(const float* q, const __half* cache, const int* slot_seg, const int* seg, float* out,
                  const int* start_at, int n_heads, int k_width, int v_width, float scale, float* partials) {
+    follow_previous_kernel();
     __shared__ float merge_max[MLA_WARPS], merge_sum[MLA_WARPS];
     __shared__ float merge_acc[MLA_WARPS][MLA_MAX_PER_LANE * WARP];
     const int i = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
@@ -148,6 +151,7 @@ latent_attention(const float* q, const __half* cache, const int* slot_seg, const
 // LAUNCH: block = 256, grid = (n_tok, n_heads); splits <= 256.
 extern "C" __global__ void __launch_bounds__(256)
 latent_attention_combine(const float* partials, float* out, int splits, int v_width) {
+    follow_previous_kernel();
     __shared__ float wt[256];
     __shared__ float inv_total;
     const size_t pair = (size_t)blockIdx.x * gridDim.y + blockIdx.y;

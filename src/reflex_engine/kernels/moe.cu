@@ -39,6 +39,7 @@ __device__ __forceinline__ int rank_of(const float* s, int i, int n) {
 extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
 moe_route(const float* logits, const float* bias, int* experts, float* weights, int n_expert, int n_used,
           int sigmoid, int norm, float scale, int n_groups, int n_groups_used) {
+    follow_previous_kernel();
     __shared__ float probs[ROUTE_MAX_EXPERTS], scores[ROUTE_MAX_EXPERTS], group_score[ROUTE_MAX_GROUPS];
     __shared__ int chosen[ROUTE_MAX_USED];
     __shared__ bool dropped[ROUTE_MAX_GROUPS];
@@ -169,6 +170,7 @@ __device__ __forceinline__ void experts_down(const uint8_t* __restrict__ W, int6
 // and place_of[p] = place. The places inside an expert follow the atomics' order; each pair's product is
 // computed on its own, so no result depends on it. LAUNCH: block 1024, grid 1; n_expert <= ROUTE_MAX_EXPERTS.
 extern "C" __global__ void moe_group(const int* ids, int n_pairs, int n_expert, int* offsets, int* order, int* place_of) {
+    follow_previous_kernel();
     __shared__ int count[ROUTE_MAX_EXPERTS], cursor[ROUTE_MAX_EXPERTS];
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
     __syncthreads();
@@ -189,6 +191,7 @@ extern "C" __global__ void moe_group(const int* ids, int n_pairs, int n_expert, 
 
 // xs[place] = x[order[place] / n_used]: each pair's token row, in expert order. LAUNCH: block 256, grid n_pairs.
 extern "C" __global__ void moe_gather(const float* x, const int* order, float* xs, int n_used, int n_cols) {
+    follow_previous_kernel();
     const float* src = x + (size_t)(order[blockIdx.x] / n_used) * n_cols;
     float* dst = xs + (size_t)blockIdx.x * n_cols;
     for (int c = threadIdx.x; c < n_cols; c += blockDim.x) dst[c] = src[c];
@@ -198,6 +201,7 @@ extern "C" __global__ void moe_gather(const float* x, const int* order, float* x
 // LAUNCH: block 256, grid n_tok.
 extern "C" __global__ void moe_combine(const float* ys, const int* place_of, const float* weights, float* y, int n_used,
                                        int n_cols) {
+    follow_previous_kernel();
     const int t = blockIdx.x;
     for (int c = threadIdx.x; c < n_cols; c += blockDim.x) {
         float acc = 0.0f;
@@ -213,11 +217,13 @@ extern "C" __global__ void moe_combine(const float* ys, const int* place_of, con
     extern "C" __global__ void __launch_bounds__(MOE_WARPS * WARP)                                              \
         stacked_matvec_##name(const uint8_t* W, int64_t matrix_bytes, const int* ids, const float* x, float* y, \
                               int n_rows, int n_cols, int n_slots, int x_stride, int x_slot_stride) {          \
+        follow_previous_kernel();                                                                              \
         stacked_matvec<B>(W, matrix_bytes, ids, x, y, n_rows, n_cols, n_slots, x_stride, x_slot_stride);        \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(MOE_WARPS * WARP)                                              \
         experts_down_##name(const uint8_t* W, int64_t matrix_bytes, const int* ids, const float* weights,       \
                             const float* h, float* y, int n_rows, int n_cols, int n_used) {                     \
+        follow_previous_kernel();                                                                               \
         experts_down<B>(W, matrix_bytes, ids, weights, h, y, n_rows, n_cols, n_used);                           \
     }
 KERNEL_TYPES(MOE_KERNELS)

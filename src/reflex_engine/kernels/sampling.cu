@@ -22,6 +22,7 @@ __device__ __forceinline__ void for_each_strided(const float* x, int n, F f) {
 // out[r] = argmax of row r. NaN never wins (a row of NaN alone gives 0). Grid: one block per row.
 extern "C" __global__ void __launch_bounds__(1024)
 argmax_rows(const float* x, int n_cols, int* out) {
+    follow_previous_kernel();
     const float* row = x + (size_t)blockIdx.x * n_cols;
     float best = -INFINITY;
     int best_i = INT_MAX;  // nothing seen; loses to any non-NaN value, -inf included
@@ -36,6 +37,7 @@ argmax_rows(const float* x, int n_cols, int* out) {
 extern "C" __global__ void __launch_bounds__(256)
 apply_penalties(float* logits, const int* ids, int n_ids, float repeat_penalty,
                 float presence_penalty) {
+    follow_previous_kernel();
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_ids) return;
     float v = logits[ids[t]];
@@ -46,6 +48,7 @@ apply_penalties(float* logits, const int* ids, int n_ids, float repeat_penalty,
 // A constraint's mask (constraints.Guide): logits[j] = -inf where bit j % 32 of word j / 32 is 0.
 extern "C" __global__ void __launch_bounds__(256)
 mask_logits(float* logits, const uint32_t* allowed, int n) {
+    follow_previous_kernel();
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j < n && !((allowed[j >> 5] >> (j & 31)) & 1u)) logits[j] = -INFINITY;
 }
@@ -73,6 +76,7 @@ __device__ __forceinline__ bool ranks_before(uint32_t ka, int ia, uint32_t kb, i
 // shared memory. Grid: one block of 1024.
 extern "C" __global__ void __launch_bounds__(1024)
 top_k(const float* x, int n, int k, int* ids_out, float* vals_out, float* stats) {
+    follow_previous_kernel();
     __shared__ unsigned hist[RADIX_BINS];
     __shared__ unsigned warp_count[32];
     __shared__ uint32_t s_prefix;
@@ -185,6 +189,7 @@ top_k(const float* x, int n, int k, int* ids_out, float* vals_out, float* stats)
 // Grid: one block per row.
 extern "C" __global__ void __launch_bounds__(1024)
 row_logsumexp(const float* x, int n_cols, double* out) {
+    follow_previous_kernel();
     const float* row = x + (size_t)blockIdx.x * n_cols;
     float m = -INFINITY;
     for_each_strided(row, n_cols, [&](int, float v) { m = fmaxf(m, v); });
@@ -200,6 +205,7 @@ row_logsumexp(const float* x, int n_cols, double* out) {
 extern "C" __global__ void __launch_bounds__(256)
 gather_logprobs(const float* x, int n_cols, const int* rows, const int* tokens, const double* lse,
                 int n_pairs, double* out) {
+    follow_previous_kernel();
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_pairs) return;
     const int r = rows[t];

@@ -61,7 +61,7 @@ class DeltaNetOps:
     def l2_norm(self, x, head_dim: int, eps: float):
         out = self._new(x.rows, x.cols)
         self.device.launch("norm_f32", (x.rows * x.cols // head_dim,), 32 * -(-min(head_dim, 1024) // 32),
-                           (PTR(x.ptr), PTR(0), PTR(out.ptr), INT(head_dim), F32(eps)))
+                           (PTR(x.ptr), PTR(0), PTR(out.ptr), INT(head_dim), F32(eps), PTR(0), PTR(0)))
         return out
 
     def causal_conv1d(self, x, weight, *, cache, layer: int, batch: Batch):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from ctypes import POINTER, byref, c_char_p, c_float, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from ctypes import POINTER, byref, c_char, c_char_p, c_float, c_int, c_size_t, c_uint, c_uint64, c_void_p
 
 from ...errors import CudaUnavailable, ReflexError
 
@@ -25,8 +25,20 @@ STREAM_NON_BLOCKING = 1
 EVENT_DISABLE_TIMING = 2
 HOST_REGISTER_READ_ONLY = 8
 STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
+LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 CUdeviceptr = c_uint64
+
+
+class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, then a 64-byte value union
+    _fields_ = [("id", c_int), ("pad", c_char * 4), ("value", c_int * 16)]
+
+
+class LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("gridDimX", c_uint), ("gridDimY", c_uint), ("gridDimZ", c_uint), ("blockDimX", c_uint),
+                ("blockDimY", c_uint), ("blockDimZ", c_uint), ("sharedMemBytes", c_uint), ("hStream", c_void_p),
+                ("attrs", POINTER(LaunchAttribute)), ("numAttrs", c_uint)]
+
 
 # name -> argtypes; every function returns a CUresult (int)
 _SIGNATURES = {
@@ -64,6 +76,7 @@ _SIGNATURES = {
     "cuModuleGetFunction": (POINTER(c_void_p), c_void_p, c_char_p),
     "cuLaunchKernel": (c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p,
                        POINTER(c_void_p), POINTER(c_void_p)),
+    "cuLaunchKernelEx": (POINTER(LaunchConfig), c_void_p, POINTER(c_void_p), POINTER(c_void_p)),
     "cuStreamBeginCapture_v2": (c_void_p, c_int),
     "cuStreamEndCapture": (c_void_p, POINTER(c_void_p)),
     "cuGraphInstantiateWithFlags": (POINTER(c_void_p), c_void_p, ctypes.c_ulonglong),

@@ -60,11 +60,12 @@ class DecodeGraph:
         ops._captured_ints, ops._positions = recorded, None
         graph = c_void_p()
         drv.cuStreamBeginCapture_v2(stream, cu.STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        dev.overlap_launches = True
         try:
             drv.cuMemcpyHtoDAsync_v2(self._base, self._pinned, self._span, stream)  # the staged ints
             out = self.forward(batch)
         finally:
-            ops._captured_ints = None
+            ops._captured_ints, dev.overlap_launches = None, False
             drv.cuStreamEndCapture(stream, byref(graph))
         try:
             for kind, vals in recorded.items():

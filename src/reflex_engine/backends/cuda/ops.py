@@ -27,6 +27,7 @@ KERNEL_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLTy
 MATVEC_MAX_TOKENS = 8  # kernels/matvec.cu: up to 8 tokens share one pass over the weights
 # kernels/matvec_x16.cu: the decode matvec of these types dots int16 x blocks with the integer quants
 X16_MATVEC_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes (matvec_x16_1_<type>)
 # up to here a matmul is passes of 8 tokens over the weights, not the tiled GEMM: H200, 8B Q4_K_M,
 # 16 tokens: 47.4 ms a pass with the GEMM, which reads the weights at ~100 GB/s
 MATVEC_PASSES_MAX_TOKENS = 32
@@ -307,8 +308,18 @@ class CudaOps(ExpertOps, DeltaNetOps):
         out = self._new(x.rows, x.cols)
         block = 32 * -(-min(d, 1024) // 32)
         self.device.launch("norm_f32", (x.rows * x.cols // d,), block,
-                           (PTR(x.ptr), PTR(self._ready(weight)), PTR(out.ptr), INT(d), F32(eps)))
+                           (PTR(x.ptr), PTR(self._ready(weight)), PTR(out.ptr), INT(d), F32(eps))
+                           + (self._x16_beside(out) if d == x.cols else (PTR(0), PTR(0))))
         return out
+
+    def _x16_beside(self, out: Tensor) -> tuple[PTR, PTR]:
+        """Where the kernel making `out` also writes its int16 blocks (kernels/x16.cuh), which the
+        matvec reading it next then takes instead of quantizing it again (one launch fewer); (0, 0),
+        nothing, where no matvec pass could take them."""
+        if out.rows <= MATVEC_PASSES_MAX_TOKENS and out.cols % 32 == 0 and out.cols <= self._x16_width:
+            self._x16_of = (out, out.rows * out.cols)
+            return PTR(self._xq), PTR(self._xds)
+        return PTR(0), PTR(0)
 
     def matmul(self, x: Tensor, weight: Weight) -> Tensor:
         if x.cols != weight.n_cols:
@@ -336,9 +347,12 @@ class CudaOps(ExpertOps, DeltaNetOps):
             if self._x16_of != (x, n):
                 self.device.launch("quantize_x16", (-(-n // 1024),), 256, (PTR(x.ptr), PTR(self._xq), PTR(self._xds), INT(n)))
                 self._x16_of = (x, n)
-            self.device.launch(f"matvec_x16_{suffix}", (-(-weight.n_rows // 2), passes), 32 * min(4, -(-weight.n_cols // 1024)),
-                               (PTR(weight.ptr), PTR(self._xq), PTR(self._xds), PTR(out.ptr), INT(weight.n_rows),
-                                INT(weight.n_cols), INT(x.rows)))
+            threads = 32 * min(4, -(-weight.n_cols // 1024))
+            args = (PTR(weight.ptr), PTR(self._xq), PTR(self._xds), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols))
+            if x.rows == 1:
+                self.device.launch(f"matvec_x16_1_{suffix}", (-(-weight.n_rows // X16_DECODE_ROWS),), threads, args)
+            else:
+                self.device.launch(f"matvec_x16_{suffix}", (-(-weight.n_rows // 2), passes), threads, args + (INT(x.rows),))
             return
         # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4; a pass a blockIdx.y
         self.device.launch(f"matvec_{suffix}", (-(-weight.n_rows // 2), passes),
@@ -369,7 +383,11 @@ class CudaOps(ExpertOps, DeltaNetOps):
         return self._elementwise("add_f32", a, b)
 
     def swiglu(self, gate: Tensor, up: Tensor) -> Tensor:
-        return self._elementwise("swiglu_f32", gate, up)
+        out = self._new(gate.rows, gate.cols)
+        n = gate.rows * gate.cols
+        self.device.launch("swiglu_f32", (-(-n // 256),), 256,
+                           (PTR(gate.ptr), PTR(up.ptr), PTR(out.ptr), I64(n)) + self._x16_beside(out))
+        return out
 
     def rope(self, x: Tensor, positions: Sequence[int], head_dim: int, rope: Rope, freq_factors: Weight | None = None) -> Tensor:
         if self._positions is None or self._positions[0] is not positions:
@@ -403,7 +421,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
                                 ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
             dev.launch("attention", (t, n_heads, splits), 128, args + (PTR(self._partials),))
             if splits > 1:
-                dev.launch("attention_combine", (t, n_heads), 128, (PTR(self._partials), PTR(out.ptr), INT(t), INT(splits), INT(dv)))
+                dev.launch("attention_combine", (t, n_heads), 128, (PTR(self._partials), PTR(out.ptr), INT(t), INT(splits), INT(dv))
+                           + (self._x16_beside(out) if dv % 32 == 0 else (PTR(0), PTR(0))))
         return out
 
     def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:
