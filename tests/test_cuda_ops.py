@@ -210,15 +210,20 @@ def test_rms_norm(gpu, width, d):
 
 
 @pytest.mark.parametrize("mode", [RopeMode.NORM, RopeMode.NEOX])
-@pytest.mark.parametrize("head_dim,n_rot,factors", [(64, 64, False), (128, 128, False), (64, 32, False), (64, 64, True)])
-def test_rope(gpu, mode, head_dim, n_rot, factors):
-    x = rng.standard_normal((6, 3 * head_dim)).astype(np.float32)
+@pytest.mark.parametrize("head_dim,n_rot,factors", [(64, 64, False), (128, 128, False), (64, 32, False), (64, 64, True),
+                                                    (256, 64, False)])
+@pytest.mark.parametrize("normed", [False, True], ids=["rope", "rope-of-rms-norm"])
+def test_rope(gpu, mode, head_dim, n_rot, factors, normed):
+    x = rng.standard_normal((6, 3 * head_dim)).astype(np.float32) * 4
     positions = [0, 1, 2, 37, 300, 4095]
     rope = Rope(mode, n_rot, 500000.0 if factors else 10000.0, 0.5 if n_rot < head_dim else 1.0)
     ff = rng.uniform(1, 8, n_rot // 2).astype(np.float32) if factors else None
     ff_gpu = loaded(gpu, "f", GGMLType.F32, (n_rot // 2,), ff.tobytes()) if factors else None
-    got = gpu.to_host(gpu.rope(host(gpu, x), positions, head_dim, rope, freq_factors=ff_gpu))
-    np.testing.assert_allclose(got, cpu.rope(x, positions, head_dim, rope, freq_factors=ff), rtol=1e-6, atol=1e-6)
+    w = rng.standard_normal(head_dim).astype(np.float32)
+    norm_cpu, norm_gpu = ((w, 1e-6), (loaded(gpu, "n", GGMLType.F32, (head_dim,), w.tobytes()), 1e-6)) if normed else (None, None)
+    got = gpu.to_host(gpu.rope(host(gpu, x), positions, head_dim, rope, freq_factors=ff_gpu, norm=norm_gpu))
+    want = cpu.rope(x, positions, head_dim, rope, freq_factors=ff, norm=norm_cpu)
+    np.testing.assert_allclose(got, want, rtol=1e-5 if normed else 1e-6, atol=1e-5 if normed else 1e-6)
 
 
 def test_add_swiglu_take_rows(gpu):

@@ -176,9 +176,11 @@ class Ops(Protocol):
         """silu(gate) * up, both (T, F)."""
 
     def rope(self, x: Tensor, positions: Sequence[int], head_dim: int, rope: Rope,
-             freq_factors: Weight | None = None) -> Tensor:
+             freq_factors: Weight | None = None, norm: tuple[Weight, float] | None = None) -> Tensor:
         """Rotate the first rope.n_rot dims of every head of x (T, n*head_dim); pair i's angle
-        is divided by freq_factors[i] (n_rot/2,) when given (Llama 3.1's `rope_freqs`)."""
+        is divided by freq_factors[i] (n_rot/2,) when given (Llama 3.1's `rope_freqs`). norm:
+        (weight (head_dim,), eps) to RMS-normalize each head first (Qwen3's q and k norms), as
+        rms_norm(x, weight, eps) would, in the same op."""
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: Any, layer: int, batch: Batch,
                   n_heads: int, n_kv_heads: int, scale: float) -> Tensor:

@@ -51,11 +51,9 @@ def attention(ops, w, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x):
     q = linear(ops, x, lw.attn_q)  # (T, H*dk)
     k = linear(ops, x, lw.attn_k)  # (T, Hkv*dk)
     v = linear(ops, x, lw.attn_v)  # (T, Hkv*dv)
-    if cfg.qk_norm:
-        q = ops.rms_norm(q, lw.attn_q_norm, cfg.rms_eps)
-        k = ops.rms_norm(k, lw.attn_k_norm, cfg.rms_eps)
-    q = ops.rope(q, batch.positions, cfg.head_dim, cfg.rope, freq_factors=w.rope_freqs)
-    k = ops.rope(k, batch.positions, cfg.head_dim, cfg.rope, freq_factors=w.rope_freqs)
+    q_norm, k_norm = ((lw.attn_q_norm, cfg.rms_eps), (lw.attn_k_norm, cfg.rms_eps)) if cfg.qk_norm else (None, None)
+    q = ops.rope(q, batch.positions, cfg.head_dim, cfg.rope, freq_factors=w.rope_freqs, norm=q_norm)  # rope(norm(q))
+    k = ops.rope(k, batch.positions, cfg.head_dim, cfg.rope, freq_factors=w.rope_freqs, norm=k_norm)
     o = ops.attention(q, k, v, cache=cache, layer=layer, batch=batch,
                       n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, scale=cfg.attn_scale)  # (T, H*dv)
     return linear(ops, o, lw.attn_output)

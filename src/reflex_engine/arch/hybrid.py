@@ -114,8 +114,8 @@ def gated_attention(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x
     q, gate = ops.split(linear(ops, x, lw.attn_q), cfg.n_heads, (cfg.head_dim, cfg.head_dim))  # (T, H*d) each
     k = linear(ops, x, lw.attn_k)  # (T, Hkv*d)
     v = linear(ops, x, lw.attn_v)
-    q = ops.rope(ops.rms_norm(q, lw.attn_q_norm, cfg.rms_eps), batch.positions, cfg.head_dim, cfg.rope)
-    k = ops.rope(ops.rms_norm(k, lw.attn_k_norm, cfg.rms_eps), batch.positions, cfg.head_dim, cfg.rope)
+    q = ops.rope(q, batch.positions, cfg.head_dim, cfg.rope, norm=(lw.attn_q_norm, cfg.rms_eps))  # rope(norm(q))
+    k = ops.rope(k, batch.positions, cfg.head_dim, cfg.rope, norm=(lw.attn_k_norm, cfg.rms_eps))
     o = ops.attention(q, k, v, cache=cache, layer=layer, batch=batch,
                       n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, scale=cfg.attn_scale)  # (T, H*dv)
     return linear(ops, ops.sigmoid_gate(o, gate), lw.attn_output)

@@ -26,12 +26,20 @@ extern "C" __global__ void norm_f32(const float* x, const float* w, float* y, in
 
 // Rotate the first n_rot dims of every head; NEOX pairs (i, i + n_rot/2), NORM pairs (2i, 2i+1).
 // The angle is computed in double as the reference does: pos * freq_scale * base^(-2i/n_rot) / ff[i].
+// With norm_w, each head is first RMS-normalized as norm_f32 does it (the rotation then of its output).
 // LAUNCH: block = (n_rot / 2 rounded up to 32, capped at 256), grid = (n_tok, n_heads).
 extern "C" __global__ void rope_f32(const float* x, float* y, const int* pos, const float* freq_factors, int head_dim,
-                                    int n_rot, int neox, double base, double freq_scale) {
+                                    int n_rot, int neox, double base, double freq_scale, const float* norm_w, float eps) {
     follow_previous_kernel();
     const int64_t head = ((int64_t)blockIdx.x * gridDim.y + blockIdx.y) * head_dim;
     const int half = n_rot / 2;
+    float scale = 1.0f;
+    if (norm_w) {
+        float sq = 0.0f;
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) sq += x[head + i] * x[head + i];
+        scale = sqrtf(block_sum(sq) / head_dim + eps);
+    }
+    const auto in = [&](int i) { return norm_w ? __fmul_rn(__fdiv_rn(x[head + i], scale), norm_w[i]) : x[head + i]; };
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         double inv_freq = pow(base, -2.0 * i / n_rot);
         if (freq_factors) inv_freq /= (double)freq_factors[i];
@@ -39,11 +47,11 @@ extern "C" __global__ void rope_f32(const float* x, float* y, const int* pos, co
         sincos((double)pos[blockIdx.x] * freq_scale * inv_freq, &s, &c);
         const float cs = (float)c, sn = (float)s;
         const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-        const float a = x[head + ia], b = x[head + ib];
+        const float a = in(ia), b = in(ib);
         y[head + ia] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
         y[head + ib] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
     }
-    for (int i = n_rot + threadIdx.x; i < head_dim; i += blockDim.x) y[head + i] = x[head + i];
+    for (int i = n_rot + threadIdx.x; i < head_dim; i += blockDim.x) y[head + i] = in(i);
 }
 
 // LAUNCH for the elementwise kernels: block 256, grid.x = ceil(n / 256).

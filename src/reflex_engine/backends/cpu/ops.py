@@ -98,7 +98,9 @@ class CpuOps:
             return gate / (np.float32(1) + np.exp(-gate)) * up
 
     def rope(self, x: np.ndarray, positions: Sequence[int], head_dim: int, rope: Rope,
-             freq_factors: np.ndarray | None = None) -> np.ndarray:
+             freq_factors: np.ndarray | None = None, norm: tuple[np.ndarray, float] | None = None) -> np.ndarray:
+        if norm is not None:
+            x = self.rms_norm(x, *norm)
         heads = x.reshape(x.shape[0], -1, head_dim).copy()
         half = rope.n_rot // 2
         inv_freq = rope.base ** (-np.arange(half, dtype=np.float64) * 2.0 / rope.n_rot)

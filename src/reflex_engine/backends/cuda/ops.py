@@ -389,16 +389,22 @@ class CudaOps(ExpertOps, DeltaNetOps):
                            (PTR(gate.ptr), PTR(up.ptr), PTR(out.ptr), I64(n)) + self._x16_beside(out))
         return out
 
-    def rope(self, x: Tensor, positions: Sequence[int], head_dim: int, rope: Rope, freq_factors: Weight | None = None) -> Tensor:
+    def rope(self, x: Tensor, positions: Sequence[int], head_dim: int, rope: Rope, freq_factors: Weight | None = None,
+             norm: tuple[Weight, float] | None = None) -> Tensor:
+        yarn = rope.ext_factor != 0.0 or rope.magnitude != 1.0  # deepseek2's YaRN: kernels/mla.cu, which has no norm
+        if norm is not None and yarn:
+            x, norm = self.rms_norm(x, *norm), None
         if self._positions is None or self._positions[0] is not positions:
             self._positions = (positions, self._upload_ints("positions", positions))
         out = self._new(x.rows, x.cols)
         block = min(256, 32 * -(-(rope.n_rot // 2) // 32))
-        yarn = rope.ext_factor != 0.0 or rope.magnitude != 1.0  # deepseek2's YaRN: kernels/mla.cu
-        self.device.launch("rope_yarn_f32" if yarn else "rope_f32", (x.rows, x.cols // head_dim), block,
-                           (PTR(x.ptr), PTR(out.ptr), PTR(self._positions[1]), PTR(self._ready(freq_factors) if freq_factors else 0),
-                            INT(head_dim), INT(rope.n_rot), INT(rope.mode is RopeMode.NEOX), F64(rope.base),
-                            F64(rope.freq_scale)) + (yarn_args(rope) if yarn else ()))
+        args = (PTR(x.ptr), PTR(out.ptr), PTR(self._positions[1]), PTR(self._ready(freq_factors) if freq_factors else 0),
+                INT(head_dim), INT(rope.n_rot), INT(rope.mode is RopeMode.NEOX), F64(rope.base), F64(rope.freq_scale))
+        if yarn:
+            self.device.launch("rope_yarn_f32", (x.rows, x.cols // head_dim), block, args + yarn_args(rope))
+        else:
+            norm_w, eps = (self._ready(norm[0]), norm[1]) if norm else (0, 0.0)
+            self.device.launch("rope_f32", (x.rows, x.cols // head_dim), block, args + (PTR(norm_w), F32(eps)))
         return out
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: KVCache, layer: int, batch: Batch,
