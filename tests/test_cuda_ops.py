@@ -160,21 +160,37 @@ def test_ops_that_feed_a_matvec_leave_it_their_int16_blocks_bit_for_bit(gpu):
     """A whole-row rms_norm, swiglu and the split attention's combine write their output's int16
     blocks beside it (kernels/x16.cuh), and the matvec after them reads those instead of quantizing
     again: it must give, bit for bit, what it gives on a copy of the output quantized afresh."""
-    n_cols, heads, d = 1024, 8, 128
-    w_gpu = both(gpu, "Q4_K", 96, n_cols)[1]
-    norm_w = loaded(gpu, "n", GGMLType.F32, (n_cols,), rng.standard_normal(n_cols).astype(np.float32).tobytes())
+    n_cols, heads, d, wide = 1024, 8, 128, 4096
+    w_gpu, w_wide = both(gpu, "Q4_K", 96, n_cols)[1], both(gpu, "Q4_K", 40, wide)[1]
+    norm_w, norm_wide = (loaded(gpu, "n", GGMLType.F32, (n,), rng.standard_normal(n).astype(np.float32).tobytes()) for n in (n_cols, wide))
     cache = gpu.new_kv_cache(CacheShape(1, 4096, n_cols, n_cols))  # 64 splits a (query, head): combined
     for n_tok in (1, 5, 20):
         a, b, c = (gpu.from_host(rng.standard_normal((n_tok, n_cols)).astype(np.float32) * 3) for _ in range(3))
-        made = {"rms_norm": lambda: gpu.rms_norm(a, norm_w, 1e-6), "swiglu": lambda: gpu.swiglu(a, b),
-                "attention": lambda: gpu.attention(a, b, c, cache=cache, layer=0, batch=Batch.causal(range(n_tok), 0),
-                                                   n_heads=heads, n_kv_heads=heads, scale=d**-0.5)}
-        for op, make in made.items():
+        a_wide = gpu.from_host(rng.standard_normal((n_tok, wide)).astype(np.float32) * 3)
+        made = {"rms_norm": (lambda: gpu.rms_norm(a, norm_w, 1e-6), w_gpu),
+                "rms_norm, 4 blocks a row": (lambda: gpu.rms_norm(a_wide, norm_wide, 1e-6), w_wide),
+                "swiglu": (lambda: gpu.swiglu(a, b), w_gpu),
+                "attention": (lambda: gpu.attention(a, b, c, cache=cache, layer=0, batch=Batch.causal(range(n_tok), 0),
+                                                    n_heads=heads, n_kv_heads=heads, scale=d**-0.5), w_gpu)}
+        for op, (make, w) in made.items():
             y = make()
             assert gpu._x16_of[0] is y, op  # the matvec below takes the blocks the op wrote
-            got = gpu.to_host(gpu.matmul(y, w_gpu))
-            want = gpu.to_host(gpu.matmul(gpu.from_host(gpu.to_host(y)), w_gpu))
+            got = gpu.to_host(gpu.matmul(y, w))
+            want = gpu.to_host(gpu.matmul(gpu.from_host(gpu.to_host(y)), w))
             np.testing.assert_array_equal(got, want, err_msg=f"{op}, {n_tok} tokens")
+
+
+@pytest.mark.parametrize("qtype,n_rows", [("Q4_K", 96), ("Q8_0", 300), ("Q4_1", 96), ("F16", 300)])  # int16 and float passes; GEMMs
+def test_matmul_sums_the_residual_it_is_given_into_the_product(gpu, qtype, n_rows):
+    """matmul(x, w, add=r) is r + matmul(x, w) to the bit, whether the matvec sums r in its own
+    stores (the int16 kernels) or an add follows the product (every other path)."""
+    w_gpu = both(gpu, qtype, n_rows, 512)[1]
+    for n_tok in (1, 5, 40, 200):
+        x, r = (rng.standard_normal((n_tok, s)).astype(np.float32) for s in (512, n_rows))
+        xt = host(gpu, x)
+        product = gpu.to_host(gpu.matmul(xt, w_gpu))
+        got = gpu.to_host(gpu.matmul(xt, w_gpu, add=gpu.from_host(r)))
+        np.testing.assert_array_equal(got, r + product, err_msg=f"{n_tok} tokens")
 
 
 def test_long_prompt_matmul_on_the_large_tiles():
@@ -200,7 +216,7 @@ def test_embed_rows_are_the_exact_dequantized_rows(gpu, qtype):
     np.testing.assert_array_equal(gpu.to_host(gpu.embed(w_gpu, ids)), cpu.embed(w_cpu, ids))
 
 
-@pytest.mark.parametrize("width,d", [(1024, 1024), (576, 576), (12, 4), (2048, 128), (3000, 3000)])
+@pytest.mark.parametrize("width,d", [(1024, 1024), (576, 576), (12, 4), (2048, 128), (3000, 3000), (4096, 4096)])
 def test_rms_norm(gpu, width, d):
     x = rng.standard_normal((5, width)).astype(np.float32) * 3
     w = rng.standard_normal(d).astype(np.float32)

@@ -166,8 +166,9 @@ class Ops(Protocol):
     def rms_norm(self, x: Tensor, weight: Weight, eps: float) -> Tensor:
         """x (T, n*d), weight (d,): normalize each group of d features (d = n*d: whole row)."""
 
-    def matmul(self, x: Tensor, weight: Weight) -> Tensor:
-        """x (T, in) times a stored (out, in) weight -> (T, out)."""
+    def matmul(self, x: Tensor, weight: Weight, add: Tensor | None = None) -> Tensor:
+        """x (T, in) times a stored (out, in) weight -> (T, out); add + that where add (T, out) is
+        given (the residual stream: a backend may sum it in the product's own kernel)."""
 
     def add(self, a: Tensor, b: Tensor) -> Tensor:
         """Elementwise a + b (the residual stream)."""

@@ -36,18 +36,20 @@ FFN_TENSORS = [
 ]
 
 
-def linear(ops, x, w):
-    """x (T, in) times a stored (out, in) weight; one a LoRA adapter changes (lora.py) adds its
-    low-rank terms ((x·Aᵀ)·S)·Bᵀ, passing through (T, r)."""
+def linear(ops, x, w, add=None):
+    """x (T, in) times a stored (out, in) weight, plus add (T, out) where given (the residual
+    stream); one a LoRA adapter changes (lora.py) adds its low-rank terms ((x·Aᵀ)·S)·Bᵀ, passing
+    through (T, r), before add."""
     if not isinstance(w, LoraWeight):
-        return ops.matmul(x, w)
+        return ops.matmul(x, w, add=add)
     y = ops.matmul(x, w.base)
     for a, scale, b in w.terms:
         y = ops.add(y, ops.matmul(ops.matmul(ops.matmul(x, a), scale), b))
-    return y
+    return y if add is None else ops.add(add, y)
 
 
-def attention(ops, w, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x):
+def attention(ops, w, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x, residual):
+    """residual + attention(x)."""
     q = linear(ops, x, lw.attn_q)  # (T, H*dk)
     k = linear(ops, x, lw.attn_k)  # (T, Hkv*dk)
     v = linear(ops, x, lw.attn_v)  # (T, Hkv*dv)
@@ -56,11 +58,12 @@ def attention(ops, w, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x):
     k = ops.rope(k, batch.positions, cfg.head_dim, cfg.rope, freq_factors=w.rope_freqs, norm=k_norm)
     o = ops.attention(q, k, v, cache=cache, layer=layer, batch=batch,
                       n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, scale=cfg.attn_scale)  # (T, H*dv)
-    return linear(ops, o, lw.attn_output)
+    return linear(ops, o, lw.attn_output, add=residual)
 
 
-def swiglu_ffn(ops, lw, x):
-    return linear(ops, ops.swiglu(linear(ops, x, lw.ffn_gate), linear(ops, x, lw.ffn_up)), lw.ffn_down)
+def swiglu_ffn(ops, lw, x, residual=None):
+    """(residual +) W_down (silu(W_gate x) * W_up x)."""
+    return linear(ops, ops.swiglu(linear(ops, x, lw.ffn_gate), linear(ops, x, lw.ffn_up)), lw.ffn_down, add=residual)
 
 
 MOE_TENSORS = [
@@ -79,8 +82,9 @@ def moe_ffn(ops, lw, cfg: ArchConfig, x, bias=None):
     return ops.moe_ffn(x, routes, gate=lw.ffn_gate_exps, up=lw.ffn_up_exps, down=lw.ffn_down_exps)
 
 
-def feed_forward(ops, lw, cfg: ArchConfig, layer: int, x):
-    return moe_ffn(ops, lw, cfg, x) if cfg.is_moe(layer) else swiglu_ffn(ops, lw, x)
+def feed_forward(ops, lw, cfg: ArchConfig, layer: int, x, residual):
+    """residual + the layer's feed-forward of x."""
+    return ops.add(residual, moe_ffn(ops, lw, cfg, x)) if cfg.is_moe(layer) else swiglu_ffn(ops, lw, x, residual)
 
 
 def decoder_forward(ops, w, cfg: ArchConfig, cache, batch: Batch, out_rows: Sequence[int], *,
@@ -88,8 +92,8 @@ def decoder_forward(ops, w, cfg: ArchConfig, cache, batch: Batch, out_rows: Sequ
     """Logits (len(out_rows), V) for the batch positions in out_rows."""
     x = ops.embed(w.token_embd, batch.tokens)  # (T, E)
     for i, lw in enumerate(w.blk):
-        h = ops.add(x, attention(ops, w, lw, cfg, cache, i, batch, ops.rms_norm(x, lw.attn_norm, cfg.rms_eps)))
-        x = ops.add(h, feed_forward(ops, lw, cfg, i, ops.rms_norm(h, lw.ffn_norm, cfg.rms_eps)))
+        h = attention(ops, w, lw, cfg, cache, i, batch, ops.rms_norm(x, lw.attn_norm, cfg.rms_eps), x)  # x + attn(norm(x))
+        x = feed_forward(ops, lw, cfg, i, ops.rms_norm(h, lw.ffn_norm, cfg.rms_eps), h)  # h + ffn(norm(h))
     x = ops.take_rows(x, out_rows)
     lm_head = w.output if w.output is not None else w.token_embd  # tied embeddings
     return linear(ops, ops.rms_norm(x, w.output_norm, cfg.rms_eps), lm_head)

@@ -66,7 +66,7 @@ LAYER_TENSORS = [
 ]
 
 
-def mla_attention(ops, w, lw, cfg, cache, layer, batch, x):
+def mla_attention(ops, w, lw, cfg, cache, layer, batch, x, residual):
     n_rot = cfg.rope.n_rot
     if cfg.q_lora_rank:
         q = linear(ops, ops.rms_norm(linear(ops, x, lw.attn_q_a), lw.attn_q_a_norm, cfg.rms_eps), lw.attn_q_b)
@@ -80,17 +80,17 @@ def mla_attention(ops, w, lw, cfg, cache, layer, batch, x):
     q_latent = ops.concat([ops.head_matmul(q_nope, lw.attn_k_b), q_pe], cfg.n_heads)  # (T, H*(kv_lora+rope))
     o_latent = ops.latent_attention(q_latent, ops.concat([c, k_pe], 1), cache=cache, layer=layer, batch=batch,
                                     n_heads=cfg.n_heads, v_width=cfg.kv_lora_rank, scale=cfg.attn_scale)  # (T, H*kv_lora)
-    return linear(ops, ops.head_matmul(o_latent, lw.attn_v_b), lw.attn_output)  # via (T, H*v_head)
+    return linear(ops, ops.head_matmul(o_latent, lw.attn_v_b), lw.attn_output, add=residual)  # via (T, H*v_head)
 
 
-def feed_forward(ops, lw, cfg, layer, x):
+def feed_forward(ops, lw, cfg, layer, x, residual):
     if not cfg.is_moe(layer):
-        return swiglu_ffn(ops, lw, x)
+        return swiglu_ffn(ops, lw, x, residual)
     routed = moe_ffn(ops, lw, cfg, x, bias=lw.exp_probs_b)
     if not cfg.n_shared_experts:
-        return routed
+        return ops.add(residual, routed)
     shared = linear(ops, ops.swiglu(linear(ops, x, lw.ffn_gate_shexp), linear(ops, x, lw.ffn_up_shexp)), lw.ffn_down_shexp)
-    return ops.add(routed, shared)
+    return ops.add(residual, ops.add(routed, shared))
 
 
 def forward(ops, w, cfg, cache, batch, out_rows):

@@ -98,7 +98,7 @@ def qkv_and_z(ops, lw, cfg: ArchConfig, x):
     return ops.concat([q, k, v], 1), z
 
 
-def gated_delta_net(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x, gate_inputs):
+def gated_delta_net(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x, gate_inputs, residual):
     mixed, z = qkv_and_z(ops, lw, cfg, x)
     qkv = ops.causal_conv1d(mixed, lw.ssm_conv1d, cache=cache, layer=layer, batch=batch)  # (T, C)
     q, k, v = ops.split(qkv, 1, (cfg.ssm_k_width, cfg.ssm_k_width, cfg.ssm_v_width))
@@ -107,10 +107,10 @@ def gated_delta_net(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x
     q, k = ops.l2_norm(q, cfg.ssm_k_dim, cfg.rms_eps), ops.l2_norm(k, cfg.ssm_k_dim, cfg.rms_eps)
     o = ops.delta_rule(q, k, v, g, beta, cache=cache, layer=layer, batch=batch, tiled=cfg.ssm_tiled,
                        scale=cfg.ssm_k_dim**-0.5)  # (T, H_v*d_v)
-    return linear(ops, ops.swiglu(z, ops.rms_norm(o, lw.ssm_norm, cfg.rms_eps)), lw.ssm_out)  # norm(o) * silu(z)
+    return linear(ops, ops.swiglu(z, ops.rms_norm(o, lw.ssm_norm, cfg.rms_eps)), lw.ssm_out, add=residual)  # norm(o) * silu(z)
 
 
-def gated_attention(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x):
+def gated_attention(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x, residual):
     q, gate = ops.split(linear(ops, x, lw.attn_q), cfg.n_heads, (cfg.head_dim, cfg.head_dim))  # (T, H*d) each
     k = linear(ops, x, lw.attn_k)  # (T, Hkv*d)
     v = linear(ops, x, lw.attn_v)
@@ -118,17 +118,17 @@ def gated_attention(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x
     k = ops.rope(k, batch.positions, cfg.head_dim, cfg.rope, norm=(lw.attn_k_norm, cfg.rms_eps))
     o = ops.attention(q, k, v, cache=cache, layer=layer, batch=batch,
                       n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, scale=cfg.attn_scale)  # (T, H*dv)
-    return linear(ops, ops.sigmoid_gate(o, gate), lw.attn_output)
+    return linear(ops, ops.sigmoid_gate(o, gate), lw.attn_output, add=residual)
 
 
-def dense_ffn(ops, lw, cfg: ArchConfig, layer: int, x):
-    return swiglu_ffn(ops, lw, x)
+def dense_ffn(ops, lw, cfg: ArchConfig, layer: int, x, residual):
+    return swiglu_ffn(ops, lw, x, residual)
 
 
-def moe_with_shared_expert(ops, lw, cfg: ArchConfig, layer: int, x):
-    """Routed experts plus one always-on expert scaled by sigmoid(w_sh . x)."""
+def moe_with_shared_expert(ops, lw, cfg: ArchConfig, layer: int, x, residual):
+    """residual + routed experts + one always-on expert scaled by sigmoid(w_sh . x)."""
     shared = linear(ops, ops.swiglu(linear(ops, x, lw.ffn_gate_shexp), linear(ops, x, lw.ffn_up_shexp)), lw.ffn_down_shexp)
-    return ops.add(moe_ffn(ops, lw, cfg, x), ops.sigmoid_gate(shared, linear(ops, x, lw.ffn_gate_inp_shexp)))
+    return ops.add(residual, ops.add(moe_ffn(ops, lw, cfg, x), ops.sigmoid_gate(shared, linear(ops, x, lw.ffn_gate_inp_shexp))))
 
 
 def forward(ops, w, cfg: ArchConfig, cache, batch: Batch, out_rows, *, gate_inputs, feed_forward):
@@ -137,10 +137,10 @@ def forward(ops, w, cfg: ArchConfig, cache, batch: Batch, out_rows, *, gate_inpu
     for i, lw in enumerate(w.blk):
         xn = ops.rms_norm(x, lw.attn_norm, cfg.rms_eps)
         if cfg.is_recurrent(i):
-            h = ops.add(x, gated_delta_net(ops, lw, cfg, cache, i, batch, xn, gate_inputs))
+            h = gated_delta_net(ops, lw, cfg, cache, i, batch, xn, gate_inputs, x)  # x + mixer(norm(x))
         else:
-            h = ops.add(x, gated_attention(ops, lw, cfg, cache, i, batch, xn))
-        x = ops.add(h, feed_forward(ops, lw, cfg, i, ops.rms_norm(h, lw.post_attention_norm, cfg.rms_eps)))
+            h = gated_attention(ops, lw, cfg, cache, i, batch, xn, x)
+        x = feed_forward(ops, lw, cfg, i, ops.rms_norm(h, lw.post_attention_norm, cfg.rms_eps), h)  # h + ffn(norm(h))
     x = ops.take_rows(x, out_rows)
     lm_head = w.output if w.output is not None else w.token_embd  # tied embeddings
     return linear(ops, ops.rms_norm(x, w.output_norm, cfg.rms_eps), lm_head)

@@ -221,7 +221,8 @@ __device__ __forceinline__ void prefetch_unit(const uint8_t* row, int u, int n_u
 
 template <class B, int ROWS, int TOKENS>
 __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const uint8_t* __restrict__ xq,
-                                          const float2* __restrict__ xds, float* __restrict__ y, int n_rows, int n_cols, int n_tok) {
+                                          const float2* __restrict__ xds, float* __restrict__ y, const float* __restrict__ add,
+                                          int n_rows, int n_cols, int n_tok) {
     using T = x16_type<B>;
     __shared__ float partial[X16_THREADS / WARP][ROWS][TOKENS];
     const int r0 = blockIdx.x * ROWS, n_units = n_cols / 32;
@@ -257,28 +258,30 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
         }
     }
 
-    store_row_sums(acc, partial, y, r0, n_rows, n_tok);
+    store_row_sums(acc, partial, y, r0, n_rows, n_tok, add);
 }
 
-// y (n_tok, n_rows) = x_deq · Wᵀ, from quantize_x16's xq and xds of x (n_tok, n_cols), in passes of 8 tokens,
-// one a blockIdx.y. A block computes X16_ROWS (2) rows; its threads stride together over the rows' 32-element units.
+// y (n_tok, n_rows) = x_deq · Wᵀ (+ add, n_tok by n_rows, where not null), from quantize_x16's xq and xds of
+// x (n_tok, n_cols), in passes of 8 tokens, one a blockIdx.y. A block computes X16_ROWS (2) rows; its threads
+// stride together over the rows' 32-element units.
 // LAUNCH: block = 32 · min(4, ceil(n_cols / 1024)) threads (a multiple of 32, at most X16_THREADS);
 // grid = (ceil(n_rows / X16_ROWS), ceil(n_tok / 8)); n_cols a multiple of the type's block. 5 blocks an SM, as matvec.cu.
 // matvec_x16_1_<type>: the same for one token, X16_DECODE_ROWS rows a block; grid = ceil(n_rows / X16_DECODE_ROWS).
 #define MATVEC_X16_KERNEL(name, B)                                                                          \
     extern "C" __global__ void __launch_bounds__(X16_THREADS, 5)                                            \
-        matvec_x16_##name(const uint8_t* W, const uint8_t* xq, const float2* xds, float* y, int n_rows,     \
-                          int n_cols, int n_tok) {                                                          \
+        matvec_x16_##name(const uint8_t* W, const uint8_t* xq, const float2* xds, float* y, const float* add, \
+                          int n_rows, int n_cols, int n_tok) {                                              \
         follow_previous_kernel();                                                                           \
         const size_t t0 = (size_t)blockIdx.y * X16_MAX_TOKENS;                                              \
         matvec_x16<B, X16_ROWS, X16_MAX_TOKENS>(W, xq + 2 * t0 * n_cols, xds + t0 * n_cols / 32, y + t0 * n_rows, \
-                                                n_rows, n_cols, min(X16_MAX_TOKENS, n_tok - (int)t0));      \
+                                                add ? add + t0 * n_rows : add, n_rows, n_cols,              \
+                                                min(X16_MAX_TOKENS, n_tok - (int)t0));                      \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(X16_THREADS, 4)                                            \
-        matvec_x16_1_##name(const uint8_t* W, const uint8_t* xq, const float2* xds, float* y, int n_rows,   \
-                            int n_cols) {                                                                   \
+        matvec_x16_1_##name(const uint8_t* W, const uint8_t* xq, const float2* xds, float* y, const float* add, \
+                            int n_rows, int n_cols) {                                                       \
         follow_previous_kernel();                                                                           \
-        matvec_x16<B, X16_DECODE_ROWS, 1>(W, xq, xds, y, n_rows, n_cols, 1);                                \
+        matvec_x16<B, X16_DECODE_ROWS, 1>(W, xq, xds, y, add, n_rows, n_cols, 1);                           \
     }
 MATVEC_X16_KERNEL(q4_0, block_q4_0)
 MATVEC_X16_KERNEL(q5_0, block_q5_0)

@@ -87,8 +87,9 @@ class CpuOps:
         mean_sq = np.mean(groups * groups, axis=-1, keepdims=True)
         return (groups / np.sqrt(mean_sq + np.float32(eps)) * weight).reshape(x.shape)
 
-    def matmul(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        return x @ weight.T
+    def matmul(self, x: np.ndarray, weight: np.ndarray, add: np.ndarray | None = None) -> np.ndarray:
+        y = x @ weight.T
+        return y if add is None else add + y
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b

@@ -307,7 +307,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         d = weight.n_cols
         out = self._new(x.rows, x.cols)
         block = 32 * -(-min(d, 1024) // 32)
-        self.device.launch("norm_f32", (x.rows * x.cols // d,), block,
+        splits = d // 1024 if d % 1024 == 0 else 1  # blocks a row: kernels/elementwise.cu, one feature a thread
+        self.device.launch("norm_f32", (x.rows * x.cols // d, splits), block,
                            (PTR(x.ptr), PTR(self._ready(weight)), PTR(out.ptr), INT(d), F32(eps))
                            + (self._x16_beside(out) if d == x.cols else (PTR(0), PTR(0))))
         return out
@@ -321,22 +322,24 @@ class CudaOps(ExpertOps, DeltaNetOps):
             return PTR(self._xq), PTR(self._xds)
         return PTR(0), PTR(0)
 
-    def matmul(self, x: Tensor, weight: Weight) -> Tensor:
+    def matmul(self, x: Tensor, weight: Weight, add: Tensor | None = None) -> Tensor:
         if x.cols != weight.n_cols:
             raise ReflexError(f"internal error: matmul of width {x.cols} with a weight of {weight.n_cols} columns")
         out = self._new(x.rows, weight.n_rows)
         args = (PTR(self._ready(weight)), PTR(x.ptr), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols), INT(x.rows))
         suffix = kernel_suffix(weight.ggml_type)
         if x.rows <= MATVEC_PASSES_MAX_TOKENS or weight.n_rows <= MATVEC_MAX_ROWS:
-            self._matvec(weight, x, out, suffix)
+            if self._matvec(weight, x, out, suffix, add):
+                return out  # add summed in: the int16 matvecs take it
         elif x.rows >= F16_GEMM_MIN_TOKENS and weight.n_cols % 32 == 0 and 2 * weight.n_cols <= self._w16_bytes:
             self._matmul_f16(x, weight, out, suffix)
         else:
             self.device.launch(f"gemm_{suffix}", (-(-weight.n_rows // 64), -(-x.rows // 64)), 128, args)
-        return out
+        return out if add is None else self.add(add, out)
 
-    def _matvec(self, weight: Weight, x: Tensor, out: Tensor, suffix: str) -> None:
-        """Passes of 8 tokens over the weight's rows (rows of x and of out are tokens)."""
+    def _matvec(self, weight: Weight, x: Tensor, out: Tensor, suffix: str, add: Tensor | None = None) -> bool:
+        """Passes of 8 tokens over the weight's rows (rows of x and of out are tokens); True where
+        `add` was summed into out."""
         # kernels/matvec_x16.cu: x to int16 blocks, then 2 rows a block, a warp per 1,024 columns (32 units), at most 4;
         # a weight wider than reserve planned the int16 scratch for keeps the float kernel, as do passes past 32 tokens
         passes = -(-x.rows // MATVEC_MAX_TOKENS)
@@ -348,16 +351,18 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 self.device.launch("quantize_x16", (-(-n // 1024),), 256, (PTR(x.ptr), PTR(self._xq), PTR(self._xds), INT(n)))
                 self._x16_of = (x, n)
             threads = 32 * min(4, -(-weight.n_cols // 1024))
-            args = (PTR(weight.ptr), PTR(self._xq), PTR(self._xds), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols))
+            args = (PTR(weight.ptr), PTR(self._xq), PTR(self._xds), PTR(out.ptr), PTR(add.ptr if add is not None else 0),
+                    INT(weight.n_rows), INT(weight.n_cols))
             if x.rows == 1:
                 self.device.launch(f"matvec_x16_1_{suffix}", (-(-weight.n_rows // X16_DECODE_ROWS),), threads, args)
             else:
                 self.device.launch(f"matvec_x16_{suffix}", (-(-weight.n_rows // 2), passes), threads, args + (INT(x.rows),))
-            return
+            return True
         # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4; a pass a blockIdx.y
         self.device.launch(f"matvec_{suffix}", (-(-weight.n_rows // 2), passes),
                            32 * min(4, -(-weight.n_cols // 512)),
                            (PTR(weight.ptr), PTR(x.ptr), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols), INT(x.rows)))
+        return False
 
     def _matmul_f16(self, x: Tensor, weight: Weight, out: Tensor, suffix: str) -> None:
         """Long prompts (kernels/gemm_f16.cu): as many weight rows as the scratch holds dequantized
