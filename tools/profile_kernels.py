@@ -1,8 +1,11 @@
 """Where a pass's GPU time goes, kernel by kernel: a CUDA event pair around every launch of one
 prompt's pass and of the decode steps after it (graphs off, so each kernel is its own launch),
 the elapsed times summed per kernel name. Beside them the same generation unprofiled: its
-prompt_eval_ms and per-token decode time, whose gap to the kernels' sum is what the host (Python's
-launches, the sampler's reads) costs. Run on the GPU machine:
+prompt_eval_ms and per-token decode time. An interval also holds the GPU's wait for the launch it
+brackets: where Python launches slower than the kernels run (every eager pass seen on the H200, small
+models most), the sums exceed the wall time and show the host's pace, not the kernels'; serialized
+kernel times are then ncu's (`ncu --clock-control none --metrics gpu__time_duration.sum`,
+docs/perf-notes.md run 6). Run on the GPU machine:
 
     PYTHONPATH=src python tools/profile_kernels.py MODEL [--prompt-tokens 16] [--decode 32] [--json]
 
