@@ -16,6 +16,7 @@ from .image import find_image
 
 # launch-argument kinds of the kernels' C signatures
 PTR, INT, I64, F32, F64 = c_uint64, c_int, c_int64, c_float, ctypes.c_double
+MAX_KERNEL_ARGS = 32  # more than any kernel in kernels/ takes
 
 
 class DeviceInfo(NamedTuple):
@@ -57,6 +58,7 @@ class Device:
             raise ReflexError(f"cannot load the CUDA kernels ({self.image.kind} {self.image.arch}) on "
                               f"{self.info.name} (sm_{self._sm}): {e}") from None
         self._functions: dict[str, Any] = {}
+        self._params = (c_void_p * MAX_KERNEL_ARGS)()  # the addresses of a launch's arguments
         self._config = self._launch_config()
         # set by graph.py while it captures a decode step: there overlapped launches paid (H200, 0.6B
         # Q4_K_M decode 683 -> 785 tok/s), while eager prompt passes lost (512 tokens 16.8 -> 21.5 ms)
@@ -107,7 +109,8 @@ class Device:
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         if gx == 0 or gy == 0 or gz == 0:
             return  # nothing to do: empty tensors are legal (e.g. no logits rows in a prefill chunk)
-        params = (c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+        params = self._params  # the driver copies the arguments during the call: one array serves every launch
+        params[: len(args)] = list(map(ctypes.addressof, args))
         config = self._config if self.overlap_launches else None
         if config is None:
             self.drv.cuLaunchKernel(self.function(name), gx, gy, gz, block, 1, 1, smem, self.stream, params, None)
