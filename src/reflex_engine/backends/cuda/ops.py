@@ -48,8 +48,11 @@ W16_MAX_BYTES = 64 << 20  # the f16 copy of weight rows that long-prompt GEMMs w
 STEP_INTS = ("tokens", "positions", "segments", "start", "rows")
 
 
+_SUFFIXES = {t: t.name.lower().replace("_k", "_K") for t in GGMLType}
+
+
 def kernel_suffix(t: GGMLType) -> str:
-    return t.name.lower().replace("_k", "_K")
+    return _SUFFIXES[t]
 
 
 class Weight(NamedTuple):
@@ -72,6 +75,7 @@ class KVCache(NamedTuple):
     segments: int  # int32 (capacity,): the segment of each written slot
     shape: CacheShape
     recurrent: RecurrentState | None = None  # the Gated DeltaNet layers' states (delta_net.py)
+    first_kv_layer: int = 0  # the attention layer whose pass uploads a batch's slots for all of them
 
     def arrays(self, layer: int) -> tuple[tuple[str, int, int], ...]:
         """An attention layer's arrays as KV state files name them: (kind, device address, width)."""
@@ -246,7 +250,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         k = [c.carve(shape.capacity * shape.k_width * 2) if i in kv else 0 for i in range(shape.n_layers)]
         v = [c.carve(shape.capacity * shape.v_width * 2) if i in kv and not shape.latent else 0 for i in range(shape.n_layers)]
         segments = c.carve(4 * shape.capacity)
-        return KVCache(k, v, segments, shape, carve_states(c, shape.recurrent) if shape.recurrent else None)
+        return KVCache(k, v, segments, shape, carve_states(c, shape.recurrent) if shape.recurrent else None,
+                       kv[0] if kv else 0)
 
     def from_host(self, x) -> Tensor:
         """A C-contiguous float32 (rows, cols) host buffer as a device activation (tests, tools)."""
@@ -323,18 +328,20 @@ class CudaOps(ExpertOps, DeltaNetOps):
         return PTR(0), PTR(0)
 
     def matmul(self, x: Tensor, weight: Weight, add: Tensor | None = None) -> Tensor:
-        if x.cols != weight.n_cols:
-            raise ReflexError(f"internal error: matmul of width {x.cols} with a weight of {weight.n_cols} columns")
-        out = self._new(x.rows, weight.n_rows)
-        args = (PTR(self._ready(weight)), PTR(x.ptr), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols), INT(x.rows))
+        n_rows, n_cols = weight.n_rows, weight.n_cols
+        if x.cols != n_cols:
+            raise ReflexError(f"internal error: matmul of width {x.cols} with a weight of {n_cols} columns")
+        out = self._new(x.rows, n_rows)
+        w = self._ready(weight)
         suffix = kernel_suffix(weight.ggml_type)
-        if x.rows <= MATVEC_PASSES_MAX_TOKENS or weight.n_rows <= MATVEC_MAX_ROWS:
+        if x.rows <= MATVEC_PASSES_MAX_TOKENS or n_rows <= MATVEC_MAX_ROWS:
             if self._matvec(weight, x, out, suffix, add):
                 return out  # add summed in: the int16 matvecs take it
-        elif x.rows >= F16_GEMM_MIN_TOKENS and weight.n_cols % 32 == 0 and 2 * weight.n_cols <= self._w16_bytes:
+        elif x.rows >= F16_GEMM_MIN_TOKENS and n_cols % 32 == 0 and 2 * n_cols <= self._w16_bytes:
             self._matmul_f16(x, weight, out, suffix)
         else:
-            self.device.launch(f"gemm_{suffix}", (-(-weight.n_rows // 64), -(-x.rows // 64)), 128, args)
+            self.device.launch(f"gemm_{suffix}", (-(-n_rows // 64), -(-x.rows // 64)), 128,
+                               (PTR(w), PTR(x.ptr), PTR(out.ptr), INT(n_rows), INT(n_cols), INT(x.rows)))
         return out if add is None else self.add(add, out)
 
     def _matvec(self, weight: Weight, x: Tensor, out: Tensor, suffix: str, add: Tensor | None = None) -> bool:
@@ -342,26 +349,25 @@ class CudaOps(ExpertOps, DeltaNetOps):
         `add` was summed into out."""
         # kernels/matvec_x16.cu: x to int16 blocks, then 2 rows a block, a warp per 1,024 columns (32 units), at most 4;
         # a weight wider than reserve planned the int16 scratch for keeps the float kernel, as do passes past 32 tokens
-        passes = -(-x.rows // MATVEC_MAX_TOKENS)
-        if weight.ggml_type in X16_MATVEC_TYPES and weight.n_cols <= self._x16_width and x.rows <= MATVEC_PASSES_MAX_TOKENS:
-            n = x.rows * weight.n_cols
+        passes, n_rows, n_cols = -(-x.rows // MATVEC_MAX_TOKENS), weight.n_rows, weight.n_cols
+        if weight.ggml_type in X16_MATVEC_TYPES and n_cols <= self._x16_width and x.rows <= MATVEC_PASSES_MAX_TOKENS:
+            n = x.rows * n_cols
             # q, k, v (gate, up) share one x: quantized once. A tensor is final once the op making it
             # returns, and holding it keeps its buffer's address from any other tensor.
             if self._x16_of != (x, n):
                 self.device.launch("quantize_x16", (-(-n // 1024),), 256, (PTR(x.ptr), PTR(self._xq), PTR(self._xds), INT(n)))
                 self._x16_of = (x, n)
-            threads = 32 * min(4, -(-weight.n_cols // 1024))
+            threads = 32 * min(4, -(-n_cols // 1024))
             args = (PTR(weight.ptr), PTR(self._xq), PTR(self._xds), PTR(out.ptr), PTR(add.ptr if add is not None else 0),
-                    INT(weight.n_rows), INT(weight.n_cols))
+                    INT(n_rows), INT(n_cols))
             if x.rows == 1:
-                self.device.launch(f"matvec_x16_1_{suffix}", (-(-weight.n_rows // X16_DECODE_ROWS),), threads, args)
+                self.device.launch(f"matvec_x16_1_{suffix}", (-(-n_rows // X16_DECODE_ROWS),), threads, args)
             else:
-                self.device.launch(f"matvec_x16_{suffix}", (-(-weight.n_rows // 2), passes), threads, args + (INT(x.rows),))
+                self.device.launch(f"matvec_x16_{suffix}", (-(-n_rows // 2), passes), threads, args + (INT(x.rows),))
             return True
         # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4; a pass a blockIdx.y
-        self.device.launch(f"matvec_{suffix}", (-(-weight.n_rows // 2), passes),
-                           32 * min(4, -(-weight.n_cols // 512)),
-                           (PTR(weight.ptr), PTR(x.ptr), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols), INT(x.rows)))
+        self.device.launch(f"matvec_{suffix}", (-(-n_rows // 2), passes), 32 * min(4, -(-n_cols // 512)),
+                           (PTR(weight.ptr), PTR(x.ptr), PTR(out.ptr), INT(n_rows), INT(n_cols), INT(x.rows)))
         return False
 
     def _matmul_f16(self, x: Tensor, weight: Weight, out: Tensor, suffix: str) -> None:
@@ -415,7 +421,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: KVCache, layer: int, batch: Batch,
                   n_heads: int, n_kv_heads: int, scale: float) -> Tensor:
         dev, t = self.device, q.rows
-        if layer == cache.shape.kv_layers[0]:  # every layer's pass has the same slots
+        if layer == cache.first_kv_layer:  # every layer's pass has the same slots
             self._segments = self._upload_ints("segments", batch.segments)
             self._start = self._upload_ints("start", [batch.start])
         dk, dv = k.cols // n_kv_heads, v.cols // n_kv_heads
