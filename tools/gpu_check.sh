@@ -18,6 +18,8 @@
 #               BENCH in QUANTS; COLD: 16- and 1,024-token prompts, its own table)
 #   PROFILE=1   tools/profile_kernels.py on each shape's Q4_K_M file: GPU time per kernel of a PROFILE_TOKENS-token
 #               (16) prompt's pass and of a decode step, beside the passes' wall time
+#   PROBE=1     tools/probe_overlap.py on the first MAIN_SHAPES file (16-token prompt, n=PROBE_N, 5): the driver's
+#               init beside the host path or before it, the upload's overlap, the driver's default queues
 #   SIDECAR=1   with COLD: the sidecar's cold start (sidecar/tools/cold_start.py, its wheels in .whl/)
 #   RESERVE_S   with COLD: seconds the main harness leaves for the MoE, hybrid and sidecar runs after it
 #   SMOLLM2=1   SmolLM2 on CUDA, from .smollm2/ pieces gathered over consecutive warm calls
@@ -105,7 +107,7 @@ fi
 model_file() { case $1 in dsv2-lite|qwen35-*) echo "/tmp/$1-$2.gguf" ;; *) echo "/tmp/qwen3-$1-$2.gguf" ;; esac; }
 MOE_SHAPES=${MOE_SHAPES:-30b-a3b dsv2-lite}
 q4_only() { case " $MOE_SHAPES " in *" $1 "*) return 0 ;; esac; return 1; }  # the MoE files: Q4_K_M alone
-if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ]; then
+if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ]; then
     tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
     QUANTS=${QUANTS:-q4_k_m}
     SHAPES=${MAIN_SHAPES:-0.6b 8b}; [ "${MOE:-0}" = 1 ] && SHAPES="$SHAPES $MOE_SHAPES"; [ "${HYBRID:-0}" = 1 ] && SHAPES="$SHAPES qwen35-0.8b"
@@ -125,6 +127,11 @@ if [ "${PROFILE:-0}" = 1 ]; then  # before BENCH waits for llama.cpp, whose buil
         [ "$(elapsed)" -gt $(( END - 60 )) ] && { echo "profile: no time left for $shape"; continue; }
         python3 tools/profile_kernels.py "$f" --prompt-tokens "${PROFILE_TOKENS:-16}" 2>&1 | tee -a "$LOG"
     done
+fi
+
+if [ "${PROBE:-0}" = 1 ]; then  # fresh processes of the system python3
+    wait_peer  # nothing compiles beside the timings
+    python3 tools/probe_overlap.py "$(model_file "${SHAPES%% *}" q4_k_m)" --n "${PROBE_N:-5}" --prompt-tokens 16 2>&1 | tee -a "$LOG"
 fi
 
 if [ "${BENCH:-0}" = 1 ]; then

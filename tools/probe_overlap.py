@@ -1,10 +1,13 @@
-"""Why the first pass does not overlap the weights' upload: fresh `reflex generate -n 1`
-processes under variants of the upload, their result lines' phases side by side.
+"""Why the first pass does not overlap the weights' upload, and whether the driver's init is slower
+beside the host path than alone: fresh `reflex generate -n 1` processes under variants, their
+result lines' phases side by side.
 
     python3 tools/probe_overlap.py MODEL [MODEL ...] [--n 3] [--prompt-tokens 1024]
 
 Variants: the engine as it is; every copy landed before the pass starts (no overlap); the
-driver's default work and copy queues (8 each) instead of Reflex's one and one. (Earlier
+driver's init waited for before the host path begins (its cuda_init_ms then alone, against the
+191-207 ms it took beside the host path on the H200 where the floor with the same driver settings
+needed ~165); the driver's default work and copy queues (8 each) instead of Reflex's one and one. (Earlier
 variants, run against the upload as it then was, are in docs/perf-notes.md: no pinning at all,
 every chunk pinned before the first copy, the pages unpinned or not.)
 A throwaway measurement tool: the engine path is what it is, monkeypatched here per variant.
@@ -29,6 +32,15 @@ def patched(self):
         self._upload.wait(i)
     return n
 ops.CudaOps.commit_weights = patched
+""",
+    "the driver's init before the host path": """
+from reflex_engine import backends
+init = backends.BackendStart.__init__
+def patched(self, device):
+    init(self, device)
+    if self._thread is not None:
+        self._thread.join()
+backends.BackendStart.__init__ = patched
 """,
 }
 EIGHT_QUEUES = {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "8"}
@@ -57,7 +69,8 @@ def main() -> None:
     prompt = " ".join(["hello"] * args.prompt_tokens)
     variants = [(name, patch, {}) for name, patch in PATCHES.items()] + [("8 work + 8 copy queues", "", EIGHT_QUEUES)]
     print(f"{args.prompt_tokens}-token prompt; first_token_ms counts from reflex_engine's import, exit_ms from the launch")
-    print("| model | variant | n | model_load_ms | upload_ms | prompt_eval_ms | first_token_ms | exit_ms |\n|---|---|---|---|---|---|---|---|")
+    print("| model | variant | n | cuda_init_ms | model_load_ms | upload_ms | prompt_eval_ms | first_token_ms | exit_ms |\n"
+          "|---|---|---|---|---|---|---|---|---|")
     for model in args.models:
         for name, patch, env in variants:
             runs = [run(model, prompt, patch, env) for _ in range(args.n)]
@@ -66,7 +79,7 @@ def main() -> None:
                 print(f"| {os.path.basename(model)} | {name} | 0 | {runs[0]['error']!r} |")
                 continue
             med = lambda k: f"{statistics.median(r[k] for r in ok):.1f}" if all(k in r for r in ok) else "–"
-            print(f"| {os.path.basename(model)} | {name} | {len(ok)} | {med('model_load_ms')} | {med('upload_ms')} | "
+            print(f"| {os.path.basename(model)} | {name} | {len(ok)} | {med('cuda_init_ms')} | {med('model_load_ms')} | {med('upload_ms')} | "
                   f"{med('prompt_eval_ms')} | {med('first_token_ms')} | {med('exit_ms')} |", flush=True)
 
 
