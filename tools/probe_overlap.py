@@ -6,8 +6,9 @@ result lines' phases side by side.
 
 Variants: the engine as it is; every copy landed before the pass starts (no overlap); the
 driver's init waited for before the host path begins (its cuda_init_ms then alone, against the
-191-207 ms it took beside the host path on the H200 where the floor with the same driver settings
-needed ~165); the driver's default work and copy queues (8 each) instead of Reflex's one and one. (Earlier
+191-207 ms it took beside the host path in run 6 on the H200, where the whole Python floor process
+with the same driver settings had its result 192 ms after launch); the driver's default work and
+copy queues (8 each) instead of Reflex's one and one. (Earlier
 variants, run against the upload as it then was, are in docs/perf-notes.md: no pinning at all,
 every chunk pinned before the first copy, the pages unpinned or not.)
 A throwaway measurement tool: the engine path is what it is, monkeypatched here per variant.
