@@ -1,8 +1,8 @@
-// Decode matmul through integer dot products, as ggml's mmvq but with int16 x: quantize_x16 turns x
-// into blocks of 32 int16 with a float scale once per matmul, then matvec_x16_<type> multiplies the
-// weights' integer quants (as signed bytes) with them two at a time (__dp2a_lo/hi) and applies the
-// block scales and mins in float once per 16 elements. x costs 2.25 bytes an element instead of 4,
-// and no quant becomes a float. Result: W_deq · x_deq, x_deq being x as its int16 blocks give it
+// Decode matmul through integer dot products, as ggml's mmvq but with int16 x: quantize_x16 (or the op
+// that made x: x16.cuh) turns x into blocks of 32 int16 with a float scale once, then matvec_x16_<type>
+// multiplies the weights' integer quants (as signed bytes) with them two at a time (__dp2a_lo/hi) and
+// applies the block scales and mins in float once per 16 elements. x costs 2.25 bytes an element instead
+// of 4, and no quant becomes a float. Result: W_deq · x_deq, x_deq being x as its int16 blocks give it
 // back (float rounding apart). Not int8 x (ggml's q8_1, __dp4a): on the tiny goldens (tests/goldens)
 // its rounding moves logits by 0.7-2.8% of their range, past CUDA's 5e-3; int16's by 1e-4.
 #include "common.cuh"

@@ -347,8 +347,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
     def _matvec(self, weight: Weight, x: Tensor, out: Tensor, suffix: str, add: Tensor | None = None) -> bool:
         """Passes of 8 tokens over the weight's rows (rows of x and of out are tokens); True where
         `add` was summed into out."""
-        # kernels/matvec_x16.cu: x to int16 blocks, then 2 rows a block, a warp per 1,024 columns (32 units), at most 4;
-        # a weight wider than reserve planned the int16 scratch for keeps the float kernel, as do passes past 32 tokens
+        # kernels/matvec_x16.cu: x to int16 blocks (unless the op that made x wrote them), then 2 rows a block (one
+        # token: 4), a warp per 1,024 columns (32 units), at most 4; a weight wider than reserve planned the int16
+        # scratch for keeps the float kernel, as do passes past 32 tokens
         passes, n_rows, n_cols = -(-x.rows // MATVEC_MAX_TOKENS), weight.n_rows, weight.n_cols
         if weight.ggml_type in X16_MATVEC_TYPES and n_cols <= self._x16_width and x.rows <= MATVEC_PASSES_MAX_TOKENS:
             n = x.rows * n_cols
