@@ -82,6 +82,14 @@ class Tensors:
     def norm(self, name, n):
         self.f32(name, (n,), lambda rng: rng.uniform(0.8, 1.2, n))
 
+    def model_tensors(self, n_vocab, e, lm_head: bool):
+        """The embedding table, the LM head where it is not tied to it, the final norm: as llama.cpp's
+        Q4_K_M makes them (a tied table is the head, Q6_K)."""
+        self.quant("token_embd.weight", T.Q4_K if lm_head else T.Q6_K, n_vocab, e)
+        if lm_head:
+            self.quant("output.weight", T.Q6_K, n_vocab, e)
+        self.norm("output_norm.weight", e)
+
     def write(self, w: GGUFWriter, rng) -> None:
         for name, shape, dtype, qtype, _ in self.todo:
             w.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize, raw_dtype=qtype)
@@ -111,10 +119,7 @@ def qwen3(w, t, shape, n_layers, n_vocab):
     w.add_value_length(d)
     w.add_rope_freq_base(1e6)
     w.add_layer_norm_rms_eps(1e-6)
-    t.quant("token_embd.weight", T.Q4_K if lm_head else T.Q6_K, n_vocab, e)  # as llama.cpp's Q4_K_M
-    if lm_head:
-        t.quant("output.weight", T.Q6_K, n_vocab, e)
-    t.norm("output_norm.weight", e)
+    t.model_tensors(n_vocab, e, lm_head)
     for i in range(n_layers):
         more = more_bits(i, n_layers)
         p = f"blk.{i}."
@@ -173,9 +178,7 @@ def deepseek2(w, t, shape, n_layers, n_vocab):
     w.add_expert_weights_scale(1.0)  # routed_scaling_factor; norm_topk_prob false: no expert_weights_norm
     w.add_rope_dimension_count(rope)
     w.add_rope_scaling_yarn_log_mul(0.1 * c["mscale_all_dim"])  # the converter's 0.1 x, undone by the loaders
-    t.quant("token_embd.weight", T.Q4_K, n_vocab, e)
-    t.quant("output.weight", T.Q6_K, n_vocab, e)
-    t.norm("output_norm.weight", e)
+    t.model_tensors(n_vocab, e, lm_head=True)
     for i in range(n_layers):
         more = more_bits(i, n_layers)
         p = f"blk.{i}."
@@ -226,8 +229,7 @@ def qwen35(w, t, shape, n_layers, n_vocab):
     w.add_full_attention_interval(c["interval"])
     w.add_rope_dimension_count(c["n_rot"])
     w.add_rope_dimension_sections(c["sections"])
-    t.quant("token_embd.weight", T.Q6_K, n_vocab, e)  # tied: also the LM head
-    t.norm("output_norm.weight", e)
+    t.model_tensors(n_vocab, e, lm_head=False)
     for i in range(n_layers):
         more = more_bits(i, n_layers)
         p = f"blk.{i}."
