@@ -141,7 +141,7 @@ class ExpertOps:
         if not v_width <= width <= MLA_MAX_WIDTH or q.cols != n_heads * width:
             raise ReflexError(f"latent attention over rows of {width} (values {v_width}): the CUDA kernel takes rows of at "
                               f"most {MLA_MAX_WIDTH}")
-        if layer == cache.first_kv_layer:  # every layer's pass has the same slots
+        if layer == cache.shape.kv_layers[0]:  # every layer's pass has the same slots
             self._segments = self._upload_ints("segments", batch.segments)
             self._start = self._upload_ints("start", [batch.start])
         # attention.cu's kv_store, with no value rows: the values are the cached rows' first v_width

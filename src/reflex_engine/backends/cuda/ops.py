@@ -75,7 +75,6 @@ class KVCache(NamedTuple):
     segments: int  # int32 (capacity,): the segment of each written slot
     shape: CacheShape
     recurrent: RecurrentState | None = None  # the Gated DeltaNet layers' states (delta_net.py)
-    first_kv_layer: int = 0  # the attention layer whose pass uploads a batch's slots for all of them
 
     def arrays(self, layer: int) -> tuple[tuple[str, int, int], ...]:
         """An attention layer's arrays as KV state files name them: (kind, device address, width)."""
@@ -250,8 +249,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         k = [c.carve(shape.capacity * shape.k_width * 2) if i in kv else 0 for i in range(shape.n_layers)]
         v = [c.carve(shape.capacity * shape.v_width * 2) if i in kv and not shape.latent else 0 for i in range(shape.n_layers)]
         segments = c.carve(4 * shape.capacity)
-        return KVCache(k, v, segments, shape, carve_states(c, shape.recurrent) if shape.recurrent else None,
-                       kv[0] if kv else 0)
+        return KVCache(k, v, segments, shape, carve_states(c, shape.recurrent) if shape.recurrent else None)
 
     def from_host(self, x) -> Tensor:
         """A C-contiguous float32 (rows, cols) host buffer as a device activation (tests, tools)."""
@@ -422,7 +420,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: KVCache, layer: int, batch: Batch,
                   n_heads: int, n_kv_heads: int, scale: float) -> Tensor:
         dev, t = self.device, q.rows
-        if layer == cache.first_kv_layer:  # every layer's pass has the same slots
+        if layer == cache.shape.kv_layers[0]:  # every layer's pass has the same slots
             self._segments = self._upload_ints("segments", batch.segments)
             self._start = self._upload_ints("start", [batch.start])
         dk, dv = k.cols // n_kv_heads, v.cols // n_kv_heads
