@@ -99,7 +99,7 @@ class Device:
         so a launch's latency overlaps the previous kernel's run. REFLEX_CUDA_PDL=0: never."""
         if self.info.compute_capability < (9, 0) or os.environ.get("REFLEX_CUDA_PDL") == "0":
             return None
-        self._pdl = cu.LaunchAttribute(id=cu.LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+        self._pdl = cu.LaunchAttribute(id=cu.LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)  # held: attrs points at it
         self._pdl.value[0] = 1
         return cu.LaunchConfig(gridDimY=1, gridDimZ=1, blockDimY=1, blockDimZ=1, hStream=self.stream,
                                attrs=ctypes.pointer(self._pdl), numAttrs=1)
