@@ -8,7 +8,7 @@
 #               and llama.cpp's llama-bench on the same files, after llama.cpp is built
 #   COLD=1      the cold-start harness (bench/cold_start.py) beside the floor and llama.cpp, with the
 #               structured-extraction rows on 0.6B (--json-schema, llama.cpp with its JSON-schema grammar)
-#   WITH_LLAMA=0  BENCH and COLD without llama.cpp, so without its build
+#   WITH_LLAMA=0  BENCH and COLD without llama.cpp, so without its build; COLD_LLAMA=0 COLD alone without it
 #   MAIN_SHAPES   the Qwen3 shapes BENCH and COLD take (default "0.6b 8b"; COLD's structured rows need 0.6b);
 #   COLD_PROMPTS  their prompt lengths in COLD (default 16,1024)
 #   MOE=1       BENCH and COLD also on MoE-shaped files, MOE_SHAPES (default: 30b-a3b dsv2-lite, that is
@@ -18,6 +18,9 @@
 #               BENCH in QUANTS; COLD: 16- and 1,024-token prompts, its own table)
 #   PROFILE=1   tools/profile_kernels.py on each shape's Q4_K_M file: GPU time per kernel of a PROFILE_TOKENS-token
 #               (16) prompt's pass and of a decode step, beside the passes' wall time
+#   NCU="8b:512 0.6b:16"  ncu's serialized kernel times (tools/ncu_table.py) of one prompt's pass of that many tokens
+#               on the shape's Q4_K_M file (the decode step after it too), with CHECK's and BENCH's files
+#   CROSSOVER=1 tools/probe_gemm_crossover.py on each MAIN_SHAPES Q4_K_M file: prompt passes through either GEMM
 #   PROBE=1     tools/probe_overlap.py on the first MAIN_SHAPES file (16-token prompt, n=PROBE_N, 5): the driver's
 #               init beside the host path or before it, the upload's overlap, the driver's default queues
 #   SIDECAR=1   with COLD: the sidecar's cold start (sidecar/tools/cold_start.py, its wheels in .whl/)
@@ -107,7 +110,7 @@ fi
 model_file() { case $1 in dsv2-lite|qwen35-*) echo "/tmp/$1-$2.gguf" ;; *) echo "/tmp/qwen3-$1-$2.gguf" ;; esac; }
 MOE_SHAPES=${MOE_SHAPES:-30b-a3b dsv2-lite}
 q4_only() { case " $MOE_SHAPES " in *" $1 "*) return 0 ;; esac; return 1; }  # the MoE files: Q4_K_M alone
-if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ]; then
+if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ] || [ -n "${NCU:-}" ] || [ "${CROSSOVER:-0}" = 1 ]; then
     tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
     QUANTS=${QUANTS:-q4_k_m}
     SHAPES=${MAIN_SHAPES:-0.6b 8b}; [ "${MOE:-0}" = 1 ] && SHAPES="$SHAPES $MOE_SHAPES"; [ "${HYBRID:-0}" = 1 ] && SHAPES="$SHAPES qwen35-0.8b"
@@ -126,6 +129,23 @@ if [ "${PROFILE:-0}" = 1 ]; then  # before BENCH waits for llama.cpp, whose buil
         f=$(model_file $shape q4_k_m)
         [ "$(elapsed)" -gt $(( END - 60 )) ] && { echo "profile: no time left for $shape"; continue; }
         python3 tools/profile_kernels.py "$f" --prompt-tokens "${PROFILE_TOKENS:-16}" 2>&1 | tee -a "$LOG"
+    done
+fi
+
+for run in ${NCU:-}; do  # shape:tokens
+    shape=${run%%:*}; tokens=${run##*:}; f=$(model_file $shape q4_k_m)
+    [ "$(elapsed)" -gt $(( END - 90 )) ] && { echo "ncu: no time left for $run"; continue; }
+    [ -f "$f" ] || python3 tools/make_bench_model.py /tmp/peer-vocab.gguf "$f" --shape $shape --quant q4_k_m 2>&1 | tail -1
+    ncu --clock-control none --cache-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+        --log-file "/tmp/ncu-$shape-$tokens.csv" python3 tools/profile_kernels.py "$f" --prompt-tokens "$tokens" --decode 1 --once \
+        > /tmp/ncu-$shape-$tokens.log 2>&1 || tail -5 /tmp/ncu-$shape-$tokens.log
+    echo "## ncu: $shape Q4_K_M, a $tokens-token pass and one decode step" | tee -a "$LOG"
+    python3 tools/ncu_table.py "/tmp/ncu-$shape-$tokens.csv" 2>&1 | head -40 | tee -a "$LOG"
+done
+
+if [ "${CROSSOVER:-0}" = 1 ]; then
+    for shape in ${MAIN_SHAPES:-0.6b 8b}; do
+        python3 tools/probe_gemm_crossover.py "$(model_file $shape q4_k_m)" 2>&1 | tee -a "$LOG"
     done
 fi
 
@@ -156,7 +176,7 @@ if [ "${COLD:-0}" = 1 ]; then
     python3 -m venv --without-pip /tmp/cold-venv  # a clean interpreter, as a user's venv: no site-packages .pth hooks
     wait_peer  # nothing compiles beside the timings
     echo "harness starts at $(elapsed) s"
-    llama_bin=; [ "${WITH_LLAMA:-1}" = 1 ] && llama_bin="--llama-bin $LLAMA"
+    llama_bin=; [ "${WITH_LLAMA:-1}" = 1 ] && [ "${COLD_LLAMA:-1}" = 1 ] && llama_bin="--llama-bin $LLAMA"
     main_models=; for shape in ${MAIN_SHAPES:-0.6b 8b}; do main_models="$main_models --model $shape=$(model_file $shape q4_k_m)"; done
     python3 bench/cold_start.py $main_models --prompt-tokens "${COLD_PROMPTS:-16,1024}" --structured 0.6b \
         $llama_bin --floor-bin /tmp/floor --python /tmp/cold-venv/bin/python --n "${COLD_N:-10}" \

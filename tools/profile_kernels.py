@@ -7,7 +7,7 @@ models most), the sums exceed the wall time and show the host's pace, not the ke
 kernel times are then ncu's (`ncu --clock-control none --metrics gpu__time_duration.sum`,
 docs/perf-notes.md run 6). Run on the GPU machine:
 
-    PYTHONPATH=src python tools/profile_kernels.py MODEL [--prompt-tokens 16] [--decode 32] [--json]
+    PYTHONPATH=src python tools/profile_kernels.py MODEL [--prompt-tokens 16] [--decode 32] [--json] [--once]
 
 Prompts are random token ids (seeded); decoding is greedy with end of sequence ignored. The events
 themselves add ~2 us of host time a launch: the profiled run's wall time is not reported.
@@ -99,6 +99,8 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--decode", type=int, default=32, help="decode steps profiled after the prompt")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--once", action="store_true",
+                    help="one generation, no events: the launches for ncu (tools/ncu_table.py) to time")
     args = ap.parse_args()
     try:
         model = reflex_engine.load(args.model, device="cuda", n_ctx=args.prompt_tokens + args.decode + 256)
@@ -106,6 +108,9 @@ def main() -> None:
         sys.exit(f"profile_kernels: {e}")
     rng = random.Random(0)
     ids = [rng.randrange(model.config.n_vocab) for _ in range(args.prompt_tokens)]
+    if args.once:
+        generate(model, ids, args.decode)
+        return
     generate(model, ids, args.decode)  # warm-up: the kernels' first loads, the weights on the device
     plain = generate(model, ids, args.decode)
     decode_wall = plain.timings["decode_ms"] / max(1, args.decode)
