@@ -1,127 +1,123 @@
-// Prefill matmul on tensor cores: Y (n_tok, n_rows) = X (n_tok, n_cols) · Wᵀ, W in GGUF blocks.
-// A block computes 64 tokens x 64 rows, 32 columns per step: one chunk of each weight row
-// dequantized (quant_blocks.cuh) and the X tile, both as half in shared memory; WMMA 16x16x16
-// with float32 accumulators, so one code path serves sm_75 and newer.
-// LAUNCH: block = 128, grid = (ceil(n_rows / 64), ceil(n_tok / 64)).
-#include <mma.h>
+// Short-prompt matmul on tensor cores, straight from the GGUF blocks: Y (n_tok, n_rows) =
+// X (n_tok, n_cols) · Wᵀ (+ add), for prompts too long for the matvec passes and too short for
+// an f16 copy of every weight (gemm_f16.cu) to pay: each weight byte is read and dequantized once
+// per 32 tokens, where passes of 8 tokens read it once per 8 and spend integer math per token.
+// A block owns 16 weight rows and 32 tokens; its 16 warps take every 16th 64-column step of the
+// rows (together 1,024 columns, four K-quant superblocks, at a time), each dequantizing its 16 x 64
+// part (quant_blocks.cuh's pieces, d·q + m with the integers made floats through the mantissa,
+// 32 elements a lane) into its own shared tile as f16 and
+// multiplying it with X's columns, read from global memory and rounded to f16 in registers
+// (mma.cuh: W is the A operand, X the B one). The warps' partial sums meet in shared memory at
+// the end, in a fixed order: the result does not depend on timing. Each lane asks L2 for its
+// chunk's bytes GQ_AHEAD steps early: a warp's step is one round trip to memory, and with a few
+// warps an SM (one block a 16 rows) the loads in flight, not the bandwidth, set the pace.
+// LAUNCH: block = 512, grid = (ceil(n_rows / 16), ceil(n_tok / 32)); n_cols % 32 == 0.
 #include "common.cuh"
+#include "mma.cuh"
 #include "quant_blocks.cuh"
 
-constexpr int GEMM_TILE = 64;
-constexpr int GEMM_LDH = 32 + 8;          // halves per staged row: 16-byte row shifts avoid bank conflicts
-constexpr int GEMM_LDO = GEMM_TILE + 4;   // floats per row of the output staging tile
+constexpr int GQ_ROWS = 16, GQ_TOKENS = 32, GQ_WARPS = 16, GQ_STEP = 64, GQ_AHEAD = 4;
+constexpr int GQ_LD = GQ_STEP + 8;  // halves per staged row: a 16-byte shift a row keeps ldmatrix's rows in distinct banks
 
-struct GemmSmem {
-    union {
-        struct {
-            __half x[GEMM_TILE][GEMM_LDH];  // [token][k]
-            __half w[GEMM_TILE][GEMM_LDH];  // [row][k]: Wᵀ as a column-major matrix_b
-        } in;
-        float out[GEMM_TILE][GEMM_LDO];  // after the last step
-    };
+union GemmSmem {
+    __half w[GQ_WARPS][GQ_ROWS][GQ_LD];              // each warp's dequantized piece
+    float part[GQ_WARPS][GQ_TOKENS][GQ_ROWS + 1];    // after the loop: each warp's sums
 };
 
-__device__ __forceinline__ uint32_t gemm_pack(float lo, float hi) {
-    return __half_as_ushort(__float2half_rn(lo)) | (uint32_t)__half_as_ushort(__float2half_rn(hi)) << 16;
-}
-
-// Threads 0-63 each hold chunk c of weight row row0 + tid; threads 64-127 hold 16 column pairs
-// of X: pair i is token 4i + u/16, columns 2(u%16), +1 of the step (u = tid - 64), so that each
-// warp's loads are two contiguous 128-byte token rows.
 template <class B>
-__device__ __forceinline__ void gemm_load(const uint8_t* W, const float* X, int n_rows, int n_cols, int n_tok,
-                                          int row0, int tok0, int c, float v[32]) {
-    const int tid = threadIdx.x;
-    if (tid < GEMM_TILE) {
-        if (row0 + tid < n_rows) {
-            B::chunk(W + (size_t)(row0 + tid) * row_bytes<B>(n_cols), c, n_cols, v);
-        } else {
+__device__ __forceinline__ void gemm(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y,
+                                     const float* __restrict__ add, int n_rows, int n_cols, int n_tok) {
+    __shared__ __align__(16) GemmSmem sm;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int row0 = blockIdx.x * GQ_ROWS, tok0 = blockIdx.y * GQ_TOKENS;
+    const int n_tiles = min(GQ_TOKENS / 8, (n_tok - tok0 + 7) / 8);  // 8-token mma tiles holding a token
+    const int n_chunks = n_cols / 32;
+
+    // lane: chunk (lane % 2) of the step in row lane / 2; the A fragment's ldmatrix row and column
+    const int r = lane / 2, half_step = lane % 2;
+    const bool row_ok = row0 + r < n_rows;
+    const uint8_t* w_row = W + (size_t)(row_ok ? row0 + r : 0) * row_bytes<B>(n_cols);
+    const int a_row = (lane & 7) + (lane >> 3 & 1) * 8, a_col = 8 * (lane >> 4);
+    const int g = lane / 4, c2 = 2 * (lane % 4);  // the B fragment's token and column pair
+    const float* x_rows[GQ_TOKENS / 8];
 #pragma unroll
-            for (int j = 0; j < 32; ++j) v[j] = 0.0f;
+    for (int nt = 0; nt < GQ_TOKENS / 8; ++nt)  // tokens past n_tok read the last one's row, never stored
+        x_rows[nt] = X + (size_t)min(tok0 + 8 * nt + g, n_tok - 1) * n_cols + c2;
+
+    auto prefetch = [&](int c) {  // chunk c's share of the row: for the K types, its part of the block
+        if (row_ok && c < n_chunks) prefetch_l2(w_row + (size_t)c * 32 * sizeof(B) / B::elems);
+    };
+#pragma unroll
+    for (int k = 0; k < GQ_AHEAD; ++k) prefetch(2 * (warp + k * GQ_WARPS) + half_step);
+
+    float acc[GQ_TOKENS / 8][4] = {};
+    for (int c0 = 2 * warp; c0 < n_chunks; c0 += 2 * GQ_WARPS) {
+        const int c = c0 + half_step;
+        prefetch(c + 2 * GQ_AHEAD * GQ_WARPS);
+        uint4 h[4];  // the lane's chunk as f16, from its two 16-element pieces: d·q + m, one FMA an element
+#pragma unroll
+        for (int pp = 0; pp < 2; ++pp) {
+            float q[16], d = 0.0f, m = 0.0f;
+            if (row_ok && c < n_chunks) {
+                B::piece(w_row, 2 * c + pp, n_cols, q, d, m);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 16; ++j) q[j] = 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const float* e = q + 8 * u;
+                h[2 * pp + u] = make_uint4(pack_half2(fmaf(d, e[0], m), fmaf(d, e[1], m)), pack_half2(fmaf(d, e[2], m), fmaf(d, e[3], m)),
+                                           pack_half2(fmaf(d, e[4], m), fmaf(d, e[5], m)), pack_half2(fmaf(d, e[6], m), fmaf(d, e[7], m)));
+            }
         }
-    } else {
-        const int u = tid - GEMM_TILE, k = 32 * c + 2 * (u % 16);
+        __syncwarp();  // the previous step's fragments are out of the tile
+        uint4* dst = reinterpret_cast<uint4*>(&sm.w[warp][r][32 * half_step]);
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            const int t = tok0 + 4 * i + u / 16;
-            const float* xr = X + (size_t)t * n_cols;
-            v[2 * i] = t < n_tok && k < n_cols ? xr[k] : 0.0f;
-            v[2 * i + 1] = t < n_tok && k + 1 < n_cols ? xr[k + 1] : 0.0f;
-        }
-    }
-}
-
-__device__ __forceinline__ void gemm_store(GemmSmem& sm, const float v[32]) {
-    const int tid = threadIdx.x;
-    if (tid < GEMM_TILE) {
-        uint4* dst = reinterpret_cast<uint4*>(sm.in.w[tid]);
+        for (int q = 0; q < 4; ++q) dst[q] = h[q];
+        __syncwarp();
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-            dst[q] = make_uint4(gemm_pack(v[8 * q], v[8 * q + 1]), gemm_pack(v[8 * q + 2], v[8 * q + 3]),
-                                gemm_pack(v[8 * q + 4], v[8 * q + 5]), gemm_pack(v[8 * q + 6], v[8 * q + 7]));
-    } else {
-        const int u = tid - GEMM_TILE;
+        for (int kk = 0; kk < GQ_STEP; kk += 16) {
+            const int k = 32 * c0 + kk;
+            if (k >= n_cols) break;  // an odd chunk count: the step's second chunk is past the row
+            uint32_t a[4];
+            ldmatrix_x4(a, &sm.w[warp][a_row][kk + a_col]);
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
-            *reinterpret_cast<uint32_t*>(&sm.in.x[4 * i + u / 16][2 * (u % 16)]) = gemm_pack(v[2 * i], v[2 * i + 1]);
-    }
-}
-
-template <class B>
-__device__ __forceinline__ void gemm(const uint8_t* __restrict__ W, const float* __restrict__ X,
-                                     float* __restrict__ Y, int n_rows, int n_cols, int n_tok) {
-    using namespace nvcuda;
-    __shared__ __align__(32) GemmSmem sm;
-    const int row0 = blockIdx.x * GEMM_TILE, tok0 = blockIdx.y * GEMM_TILE;
-    const int warp = threadIdx.x / WARP, wt = warp / 2 * 32, wr = warp % 2 * 32;  // the warp's 32x32 of the tile
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-
-    const int n_chunks = (n_cols + 31) / 32;
-    float v[32];
-    gemm_load<B>(W, X, n_rows, n_cols, n_tok, row0, tok0, 0, v);
-    for (int c = 0; c < n_chunks; ++c) {
-        __syncthreads();  // the previous step's fragments are loaded
-        gemm_store(sm, v);
-        __syncthreads();
-        if (c + 1 < n_chunks) gemm_load<B>(W, X, n_rows, n_cols, n_tok, row0, tok0, c + 1, v);  // in flight during the MMAs
-#pragma unroll
-        for (int kk = 0; kk < 32; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b[2];
-#pragma unroll
-            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], &sm.in.x[wt + 16 * i][kk], GEMM_LDH);
-#pragma unroll
-            for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], &sm.in.w[wr + 16 * j][kk], GEMM_LDH);
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+            for (int nt = 0; nt < GQ_TOKENS / 8; ++nt) {
+                if (nt >= n_tiles) break;
+                const float2 lo = *reinterpret_cast<const float2*>(x_rows[nt] + k);
+                const float2 hi = *reinterpret_cast<const float2*>(x_rows[nt] + k + 8);
+                const uint32_t b[2] = {pack_half2(lo.x, lo.y), pack_half2(hi.x, hi.y)};
+                mma_16816(acc[nt], a, b);
+            }
         }
     }
 
-    __syncthreads();  // out overlays the inputs
+    __syncthreads();  // part overlays the tiles
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-            wmma::store_matrix_sync(&sm.out[wt + 16 * i][wr + 16 * j], acc[i][j], GEMM_LDO, wmma::mem_row_major);
+    for (int nt = 0; nt < GQ_TOKENS / 8; ++nt) {  // C fragment: rows g, g + 8; tokens 8nt + c2, + 1
+        sm.part[warp][8 * nt + c2][g] = acc[nt][0];
+        sm.part[warp][8 * nt + c2 + 1][g] = acc[nt][1];
+        sm.part[warp][8 * nt + c2][g + 8] = acc[nt][2];
+        sm.part[warp][8 * nt + c2 + 1][g + 8] = acc[nt][3];
+    }
     __syncthreads();
-    for (int i = threadIdx.x; i < GEMM_TILE * GEMM_TILE; i += blockDim.x) {
-        const int t = i / GEMM_TILE, r = i % GEMM_TILE;
-        if (tok0 + t < n_tok && row0 + r < n_rows) Y[(size_t)(tok0 + t) * n_rows + row0 + r] = sm.out[t][r];
+    for (int i = threadIdx.x; i < GQ_TOKENS * GQ_ROWS; i += blockDim.x) {
+        const int t = i / GQ_ROWS, rr = i % GQ_ROWS, tok = tok0 + t, row = row0 + rr;
+        if (tok >= n_tok || row >= n_rows) continue;
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GQ_WARPS; ++w) s += sm.part[w][t][rr];
+        const size_t at = (size_t)tok * n_rows + row;
+        Y[at] = add ? add[at] + s : s;
     }
 }
 
-// min 4 blocks per SM caps registers at 128 (no spills) where ptxas would take ~165
-#define GEMM_KERNEL(name, B)                                                                           \
-    extern "C" __global__ void __launch_bounds__(2 * GEMM_TILE, 4)                                     \
-        gemm_##name(const uint8_t* W, const float* X, float* Y, int n_rows, int n_cols, int n_tok) { \
-        follow_previous_kernel();                                                                    \
-        gemm<B>(W, X, Y, n_rows, n_cols, n_tok);                                                       \
+#define GEMM_KERNEL(name, B)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(GQ_WARPS * WARP, 2)                                              \
+        gemm_##name(const uint8_t* W, const float* X, float* Y, const float* add, int n_rows, int n_cols, int n_tok) { \
+        follow_previous_kernel();                                                                                 \
+        gemm<B>(W, X, Y, add, n_rows, n_cols, n_tok);                                                             \
     }
 KERNEL_TYPES(GEMM_KERNEL)
 #undef GEMM_KERNEL

@@ -28,8 +28,8 @@ MATVEC_MAX_TOKENS = 8  # kernels/matvec.cu: up to 8 tokens share one pass over t
 # kernels/matvec_x16.cu: the decode matvec of these types dots int16 x blocks with the integer quants
 X16_MATVEC_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes (matvec_x16_1_<type>)
-# up to here a matmul is passes of 8 tokens over the weights, not the tiled GEMM: H200, 8B Q4_K_M,
-# 16 tokens: 47.4 ms a pass with the GEMM, which reads the weights at ~100 GB/s
+# up to here a matrix of at most MATVEC_MAX_ROWS rows takes int16 passes of 8 tokens (wider ones
+# take the GEMMs past one pass): the int16 scratch holds this many tokens
 MATVEC_PASSES_MAX_TOKENS = 32
 # a weight of at most this many rows takes matvec passes at any token count: the GEMMs' 64-row tiles
 # would be mostly empty, and passes keep it in float32, which Gated DeltaNet's gate projections (a
@@ -38,11 +38,14 @@ MATVEC_PASSES_MAX_TOKENS = 32
 MATVEC_MAX_ROWS = 128
 MAX_BATCH = 512  # tokens per forward pass; the engine splits longer batches
 TOP_K_MAX = 256  # kernels/sampling.cu top_k
-TILED_ATTENTION_MIN_TOKENS = 64  # below this, 16 queries a block leave the GPU too few blocks
+PREFILL_ATTENTION_MIN_TOKENS = 64  # kernels/attention_prefill.cu, 64 queries a block: below this, the split kernel
 # kernels/attention.cu below that: the cache's slots split over up to 64 blocks a (query, head), at
 # least 32 slots each, their partial softmaxes in a scratch that bounds the splits of a long batch
 ATTENTION_MAX_SPLITS, ATTENTION_SPLIT_SLOTS, ATTENTION_PARTIALS_BYTES = 64, 32, 4 << 20
-F16_GEMM_MIN_TOKENS = 128  # from here on weights are dequantized once per pass (kernels/gemm_f16.cu)
+# from here on weights are dequantized once per pass (kernels/gemm_f16.cu) instead of once per 32 tokens
+# (kernels/gemm.cu): H200, Q4_K_M prompt passes, the two paths even at ~80 tokens on Qwen3-8B and at
+# ~300 on 0.6B (whose passes the f16 path's extra launches slow), docs/perf-notes.md run 7
+F16_GEMM_MIN_TOKENS = 128
 W16_MAX_BYTES = 64 << 20  # the f16 copy of weight rows that long-prompt GEMMs work from
 # the per-pass ints a forward pass reads from scratch, in their order there (graph.py stages them)
 STEP_INTS = ("tokens", "positions", "segments", "start", "rows")
@@ -153,9 +156,11 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 "mask": -(-activation_width // 32)}  # a constraint's packed mask (cuda/sampler.py): n_vocab bits fit
         # dequantized weight rows for the long-prompt GEMM: the largest matrix, up to a cap (more rows run in turns)
         self._w16_bytes = aligned(min(W16_MAX_BYTES, max((2 * math.prod(shape) for _, shape in tensors if len(shape) == 2), default=0)))
+        # and their x as f16: a whole pass of the widest input
+        self._xh_bytes = xh_bytes = aligned(2 * MAX_BATCH * max((shape[0] for _, shape in tensors if len(shape) == 2), default=0))
         chunk_bytes = aligned(chunk_scratch_bytes(r, MAX_BATCH)) if r else 0
         scratch = (sum(aligned(4 * n) for n in ints.values()) + aligned(8 * 2 * MAX_BATCH) + aligned(8 * TOP_K_MAX + 16)
-                   + self._w16_bytes + ATTENTION_PARTIALS_BYTES + chunk_bytes)
+                   + self._w16_bytes + xh_bytes + ATTENTION_PARTIALS_BYTES + chunk_bytes)
         # a matvec pass's x as int16 blocks (2 bytes an element, then 8 bytes (d, d·Σq) a block of 32)
         self._x16_width = max([activation_width] + [shape[0] for _, shape in tensors if len(shape) == 2])
         x16_bytes = aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width) + aligned(MATVEC_PASSES_MAX_TOKENS * self._x16_width // 4)
@@ -177,6 +182,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._f64 = s.carve(8 * 2 * MAX_BATCH)
         self._top = s.carve(8 * TOP_K_MAX + 16)  # top_k's ids, values and (max, sum of exp)
         self._w16 = s.carve(self._w16_bytes) if self._w16_bytes else 0
+        self._xh = s.carve(xh_bytes) if xh_bytes else 0
+        self._xh_of: Tensor | None = None  # the tensor the f16 scratch holds
         self._partials = s.carve(ATTENTION_PARTIALS_BYTES)
         self._chunk_scratch = s.carve(chunk_bytes) if chunk_bytes else 0
         self._xq = s.carve(x16_bytes)
@@ -310,7 +317,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
         d = weight.n_cols
         out = self._new(x.rows, x.cols)
         block = 32 * -(-min(d, 1024) // 32)
-        splits = d // 1024 if d % 1024 == 0 else 1  # blocks a row: kernels/elementwise.cu, one feature a thread
+        # blocks a row (kernels/elementwise.cu, one feature a thread), each reading the whole row: for a few
+        # rows only, whose one block each would leave most SMs idle
+        splits = d // 1024 if d % 1024 == 0 and x.rows <= MATVEC_MAX_TOKENS else 1
         self.device.launch("norm_f32", (x.rows * x.cols // d, splits), block,
                            (PTR(x.ptr), PTR(self._ready(weight)), PTR(out.ptr), INT(d), F32(eps))
                            + (self._x16_beside(out) if d == x.cols else (PTR(0), PTR(0))))
@@ -319,8 +328,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
     def _x16_beside(self, out: Tensor) -> tuple[PTR, PTR]:
         """Where the kernel making `out` also writes its int16 blocks (kernels/x16.cuh), which the
         matvec reading it next then takes instead of quantizing it again (one launch fewer); (0, 0),
-        nothing, where no matvec pass could take them."""
-        if out.rows <= MATVEC_PASSES_MAX_TOKENS and out.cols % 32 == 0 and out.cols <= self._x16_width:
+        nothing, past one pass of tokens, where the GEMMs read x itself."""
+        if out.rows <= MATVEC_MAX_TOKENS and out.cols % 32 == 0 and out.cols <= self._x16_width:
             self._x16_of = (out, out.rows * out.cols)
             return PTR(self._xq), PTR(self._xds)
         return PTR(0), PTR(0)
@@ -332,14 +341,17 @@ class CudaOps(ExpertOps, DeltaNetOps):
         out = self._new(x.rows, n_rows)
         w = self._ready(weight)
         suffix = kernel_suffix(weight.ggml_type)
-        if x.rows <= MATVEC_PASSES_MAX_TOKENS or n_rows <= MATVEC_MAX_ROWS:
+        if x.rows <= MATVEC_MAX_TOKENS or n_rows <= MATVEC_MAX_ROWS or n_cols % 32:
             if self._matvec(weight, x, out, suffix, add):
                 return out  # add summed in: the int16 matvecs take it
-        elif x.rows >= F16_GEMM_MIN_TOKENS and n_cols % 32 == 0 and 2 * n_cols <= self._w16_bytes:
-            self._matmul_f16(x, weight, out, suffix)
-        else:
-            self.device.launch(f"gemm_{suffix}", (-(-n_rows // 64), -(-x.rows // 64)), 128,
-                               (PTR(w), PTR(x.ptr), PTR(out.ptr), INT(n_rows), INT(n_cols), INT(x.rows)))
+        elif x.rows >= F16_GEMM_MIN_TOKENS and 2 * n_cols <= self._w16_bytes and 2 * x.rows * n_cols <= self._xh_bytes:
+            self._matmul_f16(x, weight, out, suffix, add)
+            return out
+        else:  # kernels/gemm.cu: 16 rows x 32 tokens a block, straight from the GGUF blocks
+            self.device.launch(f"gemm_{suffix}", (-(-n_rows // 16), -(-x.rows // 32)), 512,
+                               (PTR(w), PTR(x.ptr), PTR(out.ptr), PTR(add.ptr if add is not None else 0),
+                                INT(n_rows), INT(n_cols), INT(x.rows)))
+            return out
         return out if add is None else self.add(add, out)
 
     def _matvec(self, weight: Weight, x: Tensor, out: Tensor, suffix: str, add: Tensor | None = None) -> bool:
@@ -369,19 +381,24 @@ class CudaOps(ExpertOps, DeltaNetOps):
                            (PTR(weight.ptr), PTR(x.ptr), PTR(out.ptr), INT(n_rows), INT(n_cols), INT(x.rows)))
         return False
 
-    def _matmul_f16(self, x: Tensor, weight: Weight, out: Tensor, suffix: str) -> None:
-        """Long prompts (kernels/gemm_f16.cu): as many weight rows as the scratch holds dequantized
-        to f16, then the tensor-core GEMM writes their columns of out; repeated until every row is done."""
+    def _matmul_f16(self, x: Tensor, weight: Weight, out: Tensor, suffix: str, add: Tensor | None) -> None:
+        """Long prompts (kernels/gemm_f16.cu): x rounded to f16 once (q, k and v share it), as many
+        weight rows as the scratch holds dequantized to f16, then the tensor-core GEMM writes their
+        columns of out (add's summed in); repeated until every row is done."""
         dev, k, t = self.device, weight.n_cols, x.rows
-        step = max(1, self._w16_bytes // (2 * k))
+        if self._xh_of is not x:
+            dev.launch("to_f16", (-(-t * k // 1024),), 256, (PTR(x.ptr), PTR(self._xh), I64(t * k)))
+            self._xh_of = x
+        step = max(2, self._w16_bytes // (2 * k) // 2 * 2)  # even: out's float2 stores stay 8-byte aligned
         for r0 in range(0, weight.n_rows, step):
             rows = min(step, weight.n_rows - r0)
             dev.launch(f"dequant_f16_{suffix}", (-(-rows * (k // 32) // 256),), 256,
                        (PTR(weight.ptr), PTR(self._w16), INT(r0), INT(rows), INT(k)))
-            big = -(-rows // 128) * -(-t // 128) >= 2 * dev.info.multiprocessors
+            big = -(-rows // 128) * -(-t // 128) >= dev.info.multiprocessors
             tile = 128 if big else 64
             dev.launch(f"gemm_f16_{tile}", (-(-rows // tile), -(-t // tile)), 256 if big else 128,
-                       (PTR(self._w16), PTR(x.ptr), PTR(out.ptr + 4 * r0), INT(rows), INT(k), INT(t), INT(weight.n_rows)))
+                       (PTR(self._w16), PTR(self._xh), PTR(out.ptr + 4 * r0), PTR(add.ptr + 4 * r0 if add is not None else 0),
+                        INT(rows), INT(k), INT(t), INT(weight.n_rows)))
 
     def _elementwise(self, kernel: str, a: Tensor, b: Tensor) -> Tensor:
         out = self._new(a.rows, a.cols)
@@ -430,8 +447,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         out = self._new(t, n_heads * dv)
         args = (PTR(q.ptr), PTR(cache.k[layer]), PTR(cache.v[layer]), PTR(cache.segments), PTR(self._segments),
                 PTR(out.ptr), PTR(self._start), INT(t), INT(n_heads), INT(n_kv_heads), INT(dk), INT(dv), F32(scale))
-        if t >= TILED_ATTENTION_MIN_TOKENS and dk == dv and dk in (64, 128):
-            dev.launch("attention_tiled", (-(-t // 16), n_heads), 128, args)
+        if t >= PREFILL_ATTENTION_MIN_TOKENS and dk == dv and dk in (64, 128):
+            dev.launch("attention_prefill", (-(-t // 64), n_heads), 128, args)
         else:  # decode and short batches: blocks per (query, head) split the slots, a fixed grid for graph replays
             splits = max(1, min(ATTENTION_MAX_SPLITS, -(-cache.shape.capacity // ATTENTION_SPLIT_SLOTS),
                                 ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
