@@ -42,6 +42,17 @@ def random_prompt(model, n: int) -> list[int]:
     return [rng.randrange(model.config.n_vocab) for _ in range(n)]
 
 
+def clear_prompt(model, n: int, steps: int, margin: float = 0.05) -> list[int]:
+    """A random prompt whose greedy continuation of `steps` tokens never nearly ties (top two
+    logprobs at least `margin` apart), so a rounding that moves logprobs by less cannot change a token."""
+    for _ in range(50):
+        prompt = random_prompt(model, n)
+        gen = model.generate(prompt, max_tokens=steps, sampling=SamplingParams(temperature=0), ignore_eos=True, top_logprobs=2)
+        if all(e.top_logprobs[0].logprob - e.top_logprobs[1].logprob > margin for e in gen if e.id is not None):
+            return prompt
+    raise AssertionError("no random prompt without a near-tie in 50 draws")
+
+
 def run(model, prompt, n, sampling, **kw):
     gen = model.generate(prompt, max_tokens=n, sampling=sampling, ignore_eos=True, logprobs=True, **kw)
     events = [e for e in gen if e.id is not None]
@@ -228,8 +239,9 @@ def test_writing_is_atomic(cpu_model, state_file, monkeypatch, tmp_path):
 
 
 def test_an_f16_file_imports_on_the_cpu(cpu_model, tmp_path):
-    """As a CUDA backend writes them: the CPU widens f16 to its float32 cache."""
-    prompt = random_prompt(cpu_model, 16)
+    """As a CUDA backend writes them: the CPU widens f16 to its float32 cache. f16 rounding moves the
+    logprobs (by up to 5e-3 here), so the prompt is one whose greedy tokens it cannot flip."""
+    prompt = clear_prompt(cpu_model, 16, 6)
     greedy = SamplingParams(temperature=0)
     ref, ref_lp = run(cpu_model, prompt, 6, greedy)
     a, _ = run(cpu_model, prompt, 2, greedy, export_kv=str(tmp_path / "f32.kv"))
