@@ -9,8 +9,9 @@
 // multiplying it with X's columns, read from global memory and rounded to f16 in registers
 // (mma.cuh: W is the A operand, X the B one). The warps' partial sums meet in shared memory at
 // the end, in a fixed order: the result does not depend on timing. Each lane asks L2 for its
-// chunk's bytes GQ_AHEAD steps early: a warp's step is one round trip to memory, and with a few
-// warps an SM (one block a 16 rows) the loads in flight, not the bandwidth, set the pace.
+// chunk's bytes GQ_AHEAD steps early, so a warp's step does not wait a whole trip to memory.
+// What bounds it now (H200, docs/perf-notes.md run 7): each block of 16 rows reads all of X's
+// columns again, several times the weights' bytes through L2.
 // LAUNCH: block = 512, grid = (ceil(n_rows / 16), ceil(n_tok / 32)); n_cols % 32 == 0.
 #include "common.cuh"
 #include "mma.cuh"
@@ -65,11 +66,8 @@ __device__ __forceinline__ void gemm(const uint8_t* __restrict__ W, const float*
                 for (int j = 0; j < 16; ++j) q[j] = 0.0f;
             }
 #pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                const float* e = q + 8 * u;
-                h[2 * pp + u] = make_uint4(pack_half2(fmaf(d, e[0], m), fmaf(d, e[1], m)), pack_half2(fmaf(d, e[2], m), fmaf(d, e[3], m)),
-                                           pack_half2(fmaf(d, e[4], m), fmaf(d, e[5], m)), pack_half2(fmaf(d, e[6], m), fmaf(d, e[7], m)));
-            }
+            for (int j = 0; j < 16; ++j) q[j] = fmaf(d, q[j], m);
+            h[2 * pp] = pack_half8(q), h[2 * pp + 1] = pack_half8(q + 8);
         }
         __syncwarp();  // the previous step's fragments are out of the tile
         uint4* dst = reinterpret_cast<uint4*>(&sm.w[warp][r][32 * half_step]);

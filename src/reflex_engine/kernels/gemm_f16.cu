@@ -20,12 +20,7 @@ __device__ __forceinline__ void dequant_f16(const uint8_t* __restrict__ W, __hal
     B::chunk(W + (size_t)(row0 + r) * row_bytes<B>(n_cols), c, n_cols, v);
     uint4* dst = reinterpret_cast<uint4*>(out + (size_t)r * n_cols + 32 * c);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-        __half2 h[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) h[j] = __floats2half2_rn(v[8 * q + 2 * j], v[8 * q + 2 * j + 1]);
-        dst[q] = *reinterpret_cast<uint4*>(h);
-    }
+    for (int q = 0; q < 4; ++q) dst[q] = pack_half8(v + 8 * q);
 }
 
 #define DEQUANT_KERNEL(name, B)                                                                          \

@@ -46,6 +46,11 @@ __device__ __forceinline__ uint32_t pack_half2(float x, float y) {
     return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// Eight f32 as four f16x2 registers, in order: 16 bytes of a row of f16.
+__device__ __forceinline__ uint4 pack_half8(const float* v) {
+    return make_uint4(pack_half2(v[0], v[1]), pack_half2(v[2], v[3]), pack_half2(v[4], v[5]), pack_half2(v[6], v[7]));
+}
+
 // 16 bytes global -> shared, asynchronous from sm_80 on (a plain copy before, where the waits
 // below have nothing to wait for).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {

@@ -342,17 +342,15 @@ class CudaOps(ExpertOps, DeltaNetOps):
         w = self._ready(weight)
         suffix = kernel_suffix(weight.ggml_type)
         if x.rows <= MATVEC_MAX_TOKENS or n_rows <= MATVEC_MAX_ROWS or n_cols % 32:
-            if self._matvec(weight, x, out, suffix, add):
-                return out  # add summed in: the int16 matvecs take it
-        elif x.rows >= F16_GEMM_MIN_TOKENS and 2 * n_cols <= self._w16_bytes and 2 * x.rows * n_cols <= self._xh_bytes:
+            summed = self._matvec(weight, x, out, suffix, add)  # the int16 matvecs sum add in, the float ones do not
+            return out if summed or add is None else self.add(add, out)
+        if x.rows >= F16_GEMM_MIN_TOKENS and 2 * n_cols <= self._w16_bytes and 2 * x.rows * n_cols <= self._xh_bytes:
             self._matmul_f16(x, weight, out, suffix, add)
-            return out
         else:  # kernels/gemm.cu: 16 rows x 32 tokens a block, straight from the GGUF blocks
             self.device.launch(f"gemm_{suffix}", (-(-n_rows // 16), -(-x.rows // 32)), 512,
                                (PTR(w), PTR(x.ptr), PTR(out.ptr), PTR(add.ptr if add is not None else 0),
                                 INT(n_rows), INT(n_cols), INT(x.rows)))
-            return out
-        return out if add is None else self.add(add, out)
+        return out
 
     def _matvec(self, weight: Weight, x: Tensor, out: Tensor, suffix: str, add: Tensor | None = None) -> bool:
         """Passes of 8 tokens over the weight's rows (rows of x and of out are tokens); True where
