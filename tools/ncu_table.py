@@ -23,13 +23,23 @@ UNITS = {"ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "nsec
 
 def launches(path: str) -> dict[int, dict]:
     """ncu ID -> {"name", "us", "bytes"}; the log's lines before its CSV header are ncu's own."""
-    with open(path, newline="") as f:
-        lines = f.read().splitlines()
+    try:
+        with open(path, newline="") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        sys.exit(f"ncu_table: cannot read {path}: {e.strerror}")
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
         sys.exit(f"ncu_table: no CSV header in {path}")
+    try:
+        return _by_id(csv.DictReader(lines[start:]))
+    except (KeyError, ValueError) as e:
+        sys.exit(f"ncu_table: {path} is not the CSV of ncu --csv --metrics (at {e})")
+
+
+def _by_id(rows) -> dict[int, dict]:
     out: dict[int, dict] = {}
-    for row in csv.DictReader(lines[start:]):
+    for row in rows:
         k = int(row["ID"])
         entry = out.setdefault(k, {"name": re.sub(r"\(.*", "", row["Kernel Name"]), "us": 0.0, "bytes": 0.0})
         value = float(row["Metric Value"].replace(",", "") or 0) * UNITS.get(row["Metric Unit"], 1.0)

@@ -9,9 +9,11 @@ A throwaway measurement tool: it patches the module constant the dispatch reads.
 import argparse
 import random
 import statistics
+import sys
 
 import reflex_engine
 from reflex_engine.backends.cuda import ops
+from reflex_engine.errors import ReflexError
 from reflex_engine.sampling import SamplingParams
 
 
@@ -21,8 +23,13 @@ def main() -> None:
     ap.add_argument("--tokens", default="48,64,96,128,192,256,384,512")
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    lengths = [int(t) for t in args.tokens.split(",")]
-    model = reflex_engine.load(args.model, device="cuda", n_ctx=max(lengths) + 64)
+    try:
+        lengths = [int(t) for t in args.tokens.split(",")]
+        model = reflex_engine.load(args.model, device="cuda", n_ctx=max(lengths) + 64)
+    except ValueError:
+        sys.exit(f"probe_gemm_crossover: --tokens takes comma-separated integers, not {args.tokens!r}")
+    except ReflexError as e:
+        sys.exit(f"probe_gemm_crossover: {e}")
     rng, greedy = random.Random(0), SamplingParams(temperature=0)
 
     def pass_ms(n: int) -> float:
