@@ -18,8 +18,10 @@
 #               BENCH in QUANTS; COLD: 16- and 1,024-token prompts, its own table)
 #   PROFILE=1   tools/profile_kernels.py on each shape's Q4_K_M file: GPU time per kernel of a PROFILE_TOKENS-token
 #               (16) prompt's pass and of a decode step, beside the passes' wall time
-#   NCU="8b:512 0.6b:16"  ncu's serialized kernel times (tools/ncu_table.py) of one prompt's pass of that many tokens
-#               on the shape's Q4_K_M file (the decode step after it too), with CHECK's and BENCH's files
+#   NCU="8b:512 0.6b:16:q8_0"  ncu's serialized kernel times (tools/ncu_table.py) of one prompt's pass of that many tokens
+#               on the shape's file (Q4_K_M unless named) (the decode step after it too), with CHECK's and BENCH's files
+#   NCU_DETAIL="8b:16:q4_k_m:gemm_q4_K[:skip]"  ncu --set full on one launch of that kernel (after skip), $OUT/ncu-detail.txt
+#   DECODE_PROBE=1  tools/probe_decode_prefetch.py on each MAIN_SHAPES file of QUANTS (DECODE_PROBE_ARGS)
 #   CROSSOVER=1 tools/probe_gemm_crossover.py on each MAIN_SHAPES Q4_K_M file: prompt passes through either GEMM
 #   PROBE=1     tools/probe_overlap.py on the first MAIN_SHAPES file (16-token prompt, n=PROBE_N, 5): the driver's
 #               init beside the host path or before it, the upload's overlap, the driver's default queues
@@ -110,7 +112,7 @@ fi
 model_file() { case $1 in dsv2-lite|qwen35-*) echo "/tmp/$1-$2.gguf" ;; *) echo "/tmp/qwen3-$1-$2.gguf" ;; esac; }
 MOE_SHAPES=${MOE_SHAPES:-30b-a3b dsv2-lite}
 q4_only() { case " $MOE_SHAPES " in *" $1 "*) return 0 ;; esac; return 1; }  # the MoE files: Q4_K_M alone
-if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ] || [ -n "${NCU:-}" ] || [ "${CROSSOVER:-0}" = 1 ]; then
+if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ] || [ -n "${NCU:-}" ] || [ -n "${NCU_DETAIL:-}" ] || [ "${DECODE_PROBE:-0}" = 1 ] || [ "${CROSSOVER:-0}" = 1 ]; then
     tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
     QUANTS=${QUANTS:-q4_k_m}
     SHAPES=${MAIN_SHAPES:-0.6b 8b}; [ "${MOE:-0}" = 1 ] && SHAPES="$SHAPES $MOE_SHAPES"; [ "${HYBRID:-0}" = 1 ] && SHAPES="$SHAPES qwen35-0.8b"
@@ -132,16 +134,35 @@ if [ "${PROFILE:-0}" = 1 ]; then  # before BENCH waits for llama.cpp, whose buil
     done
 fi
 
-for run in ${NCU:-}; do  # shape:tokens
-    shape=${run%%:*}; tokens=${run##*:}; f=$(model_file $shape q4_k_m)
+for run in ${NCU:-}; do  # shape:tokens[:quant]
+    IFS=: read -r shape tokens quant <<< "$run"; quant=${quant:-q4_k_m}; f=$(model_file $shape $quant)
     [ "$(elapsed)" -gt $(( END - 90 )) ] && { echo "ncu: no time left for $run"; continue; }
-    [ -f "$f" ] || python3 tools/make_bench_model.py /tmp/peer-vocab.gguf "$f" --shape $shape --quant q4_k_m 2>&1 | tail -1
+    [ -f "$f" ] || python3 tools/make_bench_model.py /tmp/peer-vocab.gguf "$f" --shape $shape --quant $quant 2>&1 | tail -1
     ncu --clock-control none --cache-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum \
         --log-file "/tmp/ncu-$shape-$tokens.csv" python3 tools/profile_kernels.py "$f" --prompt-tokens "$tokens" --decode 1 --once \
         > /tmp/ncu-$shape-$tokens.log 2>&1 || tail -5 /tmp/ncu-$shape-$tokens.log
-    echo "## ncu: $shape Q4_K_M, a $tokens-token pass and one decode step" | tee -a "$LOG"
+    echo "## ncu: $shape $quant, a $tokens-token pass and one decode step" | tee -a "$LOG"
     python3 tools/ncu_table.py "/tmp/ncu-$shape-$tokens.csv" 2>&1 | head -40 | tee -a "$LOG"
 done
+
+for run in ${NCU_DETAIL:-}; do  # shape:tokens:quant:kernel[:skip]: ncu's full report of one launch, into $OUT
+    IFS=: read -r shape tokens quant kernel skip <<< "$run"; f=$(model_file $shape $quant)
+    [ "$(elapsed)" -gt $(( END - 90 )) ] && { echo "ncu detail: no time left for $run"; continue; }
+    [ -f "$f" ] || python3 tools/make_bench_model.py /tmp/peer-vocab.gguf "$f" --shape $shape --quant $quant 2>&1 | tail -1
+    ncu --set full --kernel-name "$kernel" --launch-skip "${skip:-0}" --launch-count 1 --page details \
+        python3 tools/profile_kernels.py "$f" --prompt-tokens "$tokens" --decode 1 --once \
+        > "$OUT/ncu-detail.txt.tmp" 2>&1
+    { echo "## ncu --set full: $run"; grep -vE "^(==PROF==|  *$)" "$OUT/ncu-detail.txt.tmp"; } >> "$OUT/ncu-detail.txt"
+    rm -f "$OUT/ncu-detail.txt.tmp"
+done
+
+if [ "${DECODE_PROBE:-0}" = 1 ]; then  # the one-token matvec's grid and early weight requests
+    for shape in ${MAIN_SHAPES:-0.6b 8b}; do
+        for quant in $QUANTS; do
+            python3 tools/probe_decode_prefetch.py "$(model_file $shape $quant)" ${DECODE_PROBE_ARGS:-} 2>&1 | tee -a "$LOG"
+        done
+    done
+fi
 
 if [ "${CROSSOVER:-0}" = 1 ]; then
     for shape in ${MAIN_SHAPES:-0.6b 8b}; do

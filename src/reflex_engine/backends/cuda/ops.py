@@ -27,7 +27,11 @@ KERNEL_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLTy
 MATVEC_MAX_TOKENS = 8  # kernels/matvec.cu: up to 8 tokens share one pass over the weights
 # kernels/matvec_x16.cu: the decode matvec of these types dots int16 x blocks with the integer quants
 X16_MATVEC_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
-X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes (matvec_x16_1_<type>)
+X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a time (matvec_x16_1_<type>)
+# its grid: this many blocks an SM at most, striding over the rows, so that all of them are running
+# (and asking for their weights) while the kernel before still runs; and the bytes of each weight
+# they ask L2 for before that kernel ends, in a captured decode step (L2 holds 50 MB on an H200)
+DECODE_BLOCKS_PER_SM, DECODE_PREFETCH_BYTES = 2, 16 << 20
 # up to here a matrix of at most MATVEC_MAX_ROWS rows takes int16 passes of 8 tokens (wider ones
 # take the GEMMs past one pass): the int16 scratch holds this many tokens
 MATVEC_PASSES_MAX_TOKENS = 32
@@ -370,7 +374,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
             args = (PTR(weight.ptr), PTR(self._xq), PTR(self._xds), PTR(out.ptr), PTR(add.ptr if add is not None else 0),
                     INT(n_rows), INT(n_cols))
             if x.rows == 1:
-                self.device.launch(f"matvec_x16_1_{suffix}", (-(-n_rows // X16_DECODE_ROWS),), threads, args)
+                dev = self.device
+                grid = min(-(-n_rows // X16_DECODE_ROWS), DECODE_BLOCKS_PER_SM * dev.info.multiprocessors)
+                ahead = DECODE_PREFETCH_BYTES if dev.overlap_launches else 0  # eager launches wait for nothing
+                dev.launch(f"matvec_x16_1_{suffix}", (grid,), threads, args + (INT(ahead),))
             else:
                 self.device.launch(f"matvec_x16_{suffix}", (-(-n_rows // 2), passes), threads, args + (INT(x.rows),))
             return True
