@@ -197,6 +197,24 @@ def test_matmul_sums_the_residual_it_is_given_into_the_product(gpu, qtype, n_row
         np.testing.assert_array_equal(got, r + product, err_msg=f"{n_tok} tokens")
 
 
+@pytest.mark.parametrize("kinds", [[("Q4_K", 300), ("Q4_K", 129), ("Q4_K", 200), ("Q4_K", 64)],  # past three: a second launch
+                                   [("Q8_0", 256), ("Q8_0", 70), ("Q8_0", 96)],
+                                   [("Q4_K", 256), ("Q4_K", 130), ("Q6_K", 160), ("Q4_1", 140), ("Q4_1", 100)]],
+                         ids=["q4_K", "q8_0", "mixed"])
+def test_matmuls_equal_the_matmuls_one_by_one(gpu, kinds):
+    """Weights reading one x (q, k, v; gate, up) that share a launch (a grid over all their rows) give
+    each product to the bit as its own launch does: at every path's token counts, with weights of one
+    type and of several (then in runs), and small ones (passes at any length) beside GEMM-sized ones."""
+    weights = [both(gpu, qtype, n_rows, 512)[1] for qtype, n_rows in kinds]
+    for n_tok in (1, 5, 8, 20, 40, 200):
+        x = rng.standard_normal((n_tok, 512)).astype(np.float32)
+        together = [gpu.to_host(y) for y in gpu.matmuls(host(gpu, x), weights)]  # host(): every buffer poisoned first
+        alone = [gpu.to_host(gpu.matmul(host(gpu, x), w)) for w in weights]
+        for i, (a, b) in enumerate(zip(alone, together)):
+            assert not np.isnan(a).any()
+            np.testing.assert_array_equal(b, a, err_msg=f"weight {i} of {kinds}, {n_tok} tokens")
+
+
 def test_long_prompt_matmul_on_the_large_tiles():
     """A grid big enough for gemm_f16's 128 x 128 tiles (the tests above take its 64 x 64 ones)."""
     from reflex_engine.backends.cuda import CudaOps

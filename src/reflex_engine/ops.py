@@ -170,6 +170,10 @@ class Ops(Protocol):
         """x (T, in) times a stored (out, in) weight -> (T, out); add + that where add (T, out) is
         given (the residual stream: a backend may sum it in the product's own kernel)."""
 
+    def matmuls(self, x: Tensor, weights: Sequence[Weight]) -> list[Tensor]:
+        """[matmul(x, w) for w in weights], the same values: several weights reading one x (q, k and
+        v; gate and up) may share a launch."""
+
     def add(self, a: Tensor, b: Tensor) -> Tensor:
         """Elementwise a + b (the residual stream)."""
 

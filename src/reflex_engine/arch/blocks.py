@@ -48,11 +48,17 @@ def linear(ops, x, w, add=None):
     return y if add is None else ops.add(add, y)
 
 
+def linears(ops, x, ws):
+    """[linear(ops, x, w) for w in ws], in one backend call (which may share launches) where no
+    adapter changes them."""
+    if any(isinstance(w, LoraWeight) for w in ws):
+        return [linear(ops, x, w) for w in ws]
+    return ops.matmuls(x, ws)
+
+
 def attention(ops, w, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x, residual):
     """residual + attention(x)."""
-    q = linear(ops, x, lw.attn_q)  # (T, H*dk)
-    k = linear(ops, x, lw.attn_k)  # (T, Hkv*dk)
-    v = linear(ops, x, lw.attn_v)  # (T, Hkv*dv)
+    q, k, v = linears(ops, x, (lw.attn_q, lw.attn_k, lw.attn_v))  # (T, H*dk), (T, Hkv*dk), (T, Hkv*dv)
     q_norm, k_norm = ((lw.attn_q_norm, cfg.rms_eps), (lw.attn_k_norm, cfg.rms_eps)) if cfg.qk_norm else (None, None)
     q = ops.rope(q, batch.positions, cfg.head_dim, cfg.rope, freq_factors=w.rope_freqs, norm=q_norm)  # rope(norm(q))
     k = ops.rope(k, batch.positions, cfg.head_dim, cfg.rope, freq_factors=w.rope_freqs, norm=k_norm)
@@ -61,9 +67,13 @@ def attention(ops, w, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x, r
     return linear(ops, o, lw.attn_output, add=residual)
 
 
-def swiglu_ffn(ops, lw, x, residual=None):
+def swiglu_mlp(ops, x, gate, up, down, residual=None):
     """(residual +) W_down (silu(W_gate x) * W_up x)."""
-    return linear(ops, ops.swiglu(linear(ops, x, lw.ffn_gate), linear(ops, x, lw.ffn_up)), lw.ffn_down, add=residual)
+    return linear(ops, ops.swiglu(*linears(ops, x, (gate, up))), down, add=residual)
+
+
+def swiglu_ffn(ops, lw, x, residual=None):
+    return swiglu_mlp(ops, x, lw.ffn_gate, lw.ffn_up, lw.ffn_down, residual)
 
 
 MOE_TENSORS = [

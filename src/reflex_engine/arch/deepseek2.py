@@ -15,7 +15,7 @@ import math
 
 from ..errors import ReflexError
 from ..ops import Gating, RopeMode
-from .blocks import MODEL_TENSORS, decoder_forward, linear, moe_ffn, swiglu_ffn
+from .blocks import MODEL_TENSORS, decoder_forward, linear, moe_ffn, swiglu_ffn, swiglu_mlp
 from .config import Meta, read_config, read_moe
 from .weights import TensorDecl
 
@@ -89,7 +89,7 @@ def feed_forward(ops, lw, cfg, layer, x, residual):
     routed = moe_ffn(ops, lw, cfg, x, bias=lw.exp_probs_b)
     if not cfg.n_shared_experts:
         return ops.add(residual, routed)
-    shared = linear(ops, ops.swiglu(linear(ops, x, lw.ffn_gate_shexp), linear(ops, x, lw.ffn_up_shexp)), lw.ffn_down_shexp)
+    shared = swiglu_mlp(ops, x, lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp)
     return ops.add(residual, ops.add(routed, shared))
 
 

@@ -11,7 +11,7 @@ converter added HF's 1 to every norm weight but ssm_norm's, so each norm is x / 
 """
 from ..errors import ReflexError
 from ..ops import Batch
-from .blocks import linear, moe_ffn, swiglu_ffn
+from .blocks import linear, linears, moe_ffn, swiglu_ffn, swiglu_mlp
 from .config import ArchConfig
 from .weights import TensorDecl
 
@@ -79,7 +79,8 @@ def layer_tensors(inputs: list[TensorDecl], gates: list[TensorDecl], ffn: list[T
 
 
 def split_gate_inputs(ops, lw, cfg: ArchConfig, x):
-    return linear(ops, x, lw.ssm_alpha), linear(ops, x, lw.ssm_beta)  # (T, H_v) each
+    alpha, beta = linears(ops, x, (lw.ssm_alpha, lw.ssm_beta))  # (T, H_v) each
+    return alpha, beta
 
 
 def grouped_gate_inputs(ops, lw, cfg: ArchConfig, x):
@@ -92,7 +93,8 @@ def qkv_and_z(ops, lw, cfg: ArchConfig, x):
     """[q; k; v] of every head (T, C) and z (T, H_v*d_v), from the split projections or from a
     legacy qwen3next file's ssm_in, which holds q, k, v and z of each key head in turn."""
     if lw.attn_qkv is not None:
-        return linear(ops, x, lw.attn_qkv), linear(ops, x, lw.attn_gate)
+        qkv, z = linears(ops, x, (lw.attn_qkv, lw.attn_gate))
+        return qkv, z
     width = cfg.ssm_v_width // cfg.ssm_k_heads  # the value heads of one key head
     q, k, v, z = ops.split(linear(ops, x, lw.ssm_in), cfg.ssm_k_heads, (cfg.ssm_k_dim, cfg.ssm_k_dim, width, width))
     return ops.concat([q, k, v], 1), z
@@ -111,9 +113,8 @@ def gated_delta_net(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x
 
 
 def gated_attention(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x, residual):
-    q, gate = ops.split(linear(ops, x, lw.attn_q), cfg.n_heads, (cfg.head_dim, cfg.head_dim))  # (T, H*d) each
-    k = linear(ops, x, lw.attn_k)  # (T, Hkv*d)
-    v = linear(ops, x, lw.attn_v)
+    q_gate, k, v = linears(ops, x, (lw.attn_q, lw.attn_k, lw.attn_v))  # (T, 2*H*d), (T, Hkv*d) each
+    q, gate = ops.split(q_gate, cfg.n_heads, (cfg.head_dim, cfg.head_dim))  # (T, H*d) each
     q = ops.rope(q, batch.positions, cfg.head_dim, cfg.rope, norm=(lw.attn_q_norm, cfg.rms_eps))  # rope(norm(q))
     k = ops.rope(k, batch.positions, cfg.head_dim, cfg.rope, norm=(lw.attn_k_norm, cfg.rms_eps))
     o = ops.attention(q, k, v, cache=cache, layer=layer, batch=batch,
@@ -127,7 +128,7 @@ def dense_ffn(ops, lw, cfg: ArchConfig, layer: int, x, residual):
 
 def moe_with_shared_expert(ops, lw, cfg: ArchConfig, layer: int, x, residual):
     """residual + routed experts + one always-on expert scaled by sigmoid(w_sh . x)."""
-    shared = linear(ops, ops.swiglu(linear(ops, x, lw.ffn_gate_shexp), linear(ops, x, lw.ffn_up_shexp)), lw.ffn_down_shexp)
+    shared = swiglu_mlp(ops, x, lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp)
     return ops.add(residual, ops.add(moe_ffn(ops, lw, cfg, x), ops.sigmoid_gate(shared, linear(ops, x, lw.ffn_gate_inp_shexp))))
 
 

@@ -51,6 +51,21 @@ __device__ __forceinline__ float warp_max(float v) { return warp_reduce(v, Max()
 template <class T> __device__ __forceinline__ T block_sum(T v) { return block_reduce(v, T(0), Sum()); }
 __device__ __forceinline__ float block_max(float v) { return block_reduce(v, -INFINITY, Max()); }
 
+// The weights one launch multiplies with the same x (q, k and v; gate and up): up to three of one
+// type and width, weight i having rows_i rows (0: absent) and its own product y_i. A kernel's units
+// of `per` rows are counted over them in order: fused_part returns the weight unit u lies in and
+// makes u its index there; pick(i, ...) the i-th of three values (selects: no local-memory array).
+__device__ __forceinline__ int fused_part(int& u, int per, int rows0, int rows1) {
+    const int units0 = (rows0 + per - 1) / per, units1 = (rows1 + per - 1) / per;
+    if (u < units0) return 0;
+    u -= units0;
+    if (u < units1) return 1;
+    u -= units1;
+    return 2;
+}
+template <class T>
+__device__ __forceinline__ T pick(int i, T a, T b, T c) { return i == 0 ? a : i == 1 ? b : c; }
+
 // Asks L2 for the line holding p, so a thread has more bytes in flight than its registers hold.
 // Not on sm_120: NVRTC 12.9 crashed (SIGSEGV) compiling the matvecs' prefetches for it (2026-12-01).
 __device__ __forceinline__ void prefetch_l2(const void* p) {

@@ -12,7 +12,9 @@
 // chunk's bytes GQ_AHEAD steps early, so a warp's step does not wait a whole trip to memory.
 // What bounds it now (H200, docs/perf-notes.md run 7): each block of 16 rows reads all of X's
 // columns again, several times the weights' bytes through L2.
-// LAUNCH: block = 512, grid = (ceil(n_rows / 16), ceil(n_tok / 32)); n_cols % 32 == 0.
+// One launch serves up to three weights of one type and width (q, k and v; gate and up: common.cuh
+// fused_part), Y_i their products, add (as Y0) given with one weight only.
+// LAUNCH: block = 512, grid = (Σ ceil(rows_i / 16), ceil(n_tok / 32)); n_cols % 32 == 0.
 #include "common.cuh"
 #include "mma.cuh"
 #include "quant_blocks.cuh"
@@ -27,10 +29,10 @@ union GemmSmem {
 
 template <class B>
 __device__ __forceinline__ void gemm(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y,
-                                     const float* __restrict__ add, int n_rows, int n_cols, int n_tok) {
+                                     const float* __restrict__ add, int row0, int n_rows, int n_cols, int n_tok) {
     __shared__ __align__(16) GemmSmem sm;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const int row0 = blockIdx.x * GQ_ROWS, tok0 = blockIdx.y * GQ_TOKENS;
+    const int tok0 = blockIdx.y * GQ_TOKENS;
     const int n_tiles = min(GQ_TOKENS / 8, (n_tok - tok0 + 7) / 8);  // 8-token mma tiles holding a token
     const int n_chunks = n_cols / 32;
 
@@ -113,9 +115,13 @@ __device__ __forceinline__ void gemm(const uint8_t* __restrict__ W, const float*
 
 #define GEMM_KERNEL(name, B)                                                                                      \
     extern "C" __global__ void __launch_bounds__(GQ_WARPS * WARP, 2)                                              \
-        gemm_##name(const uint8_t* W, const float* X, float* Y, const float* add, int n_rows, int n_cols, int n_tok) { \
+        gemm_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const float* X, float* Y0, float* Y1,    \
+                    float* Y2, const float* add, int rows0, int rows1, int rows2, int n_cols, int n_tok) {         \
         follow_previous_kernel();                                                                                 \
-        gemm<B>(W, X, Y, add, n_rows, n_cols, n_tok);                                                             \
+        int u = blockIdx.x;                                                                                       \
+        const int i = fused_part(u, GQ_ROWS, rows0, rows1);                                                       \
+        gemm<B>(pick(i, W0, W1, W2), X, pick(i, Y0, Y1, Y2), i == 0 ? add : nullptr, u * GQ_ROWS,                 \
+                pick(i, rows0, rows1, rows2), n_cols, n_tok);                                                     \
     }
 KERNEL_TYPES(GEMM_KERNEL)
 #undef GEMM_KERNEL

@@ -262,53 +262,78 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
     store_row_sums(acc, partial, y, r0, n_rows, n_tok, add);
 }
 
-// One token's matvec: block b computes the groups of X16_DECODE_ROWS rows b, b + gridDim.x, ..., so a
-// grid that fits the GPU at once holds every row from its start. Before waiting for the kernel that
-// writes x, the block asks L2 for the first prefetch_bytes / gridDim.x bytes of its rows: launched
-// early beside that kernel (common.cuh), the weights stream from memory while it runs, where a
-// kernel that waits first leaves memory idle through every predecessor's tail and every small
-// kernel between two matvecs. The weights are never written, so reading them early is safe.
+// One token's matvec: block b computes the groups of X16_DECODE_ROWS rows b, b + gridDim.x, ... (counted
+// over the launch's weights, common.cuh fused_part), so a grid that fits the GPU at once holds every row
+// from its start.
 template <class B>
-__device__ __forceinline__ void matvec_x16_decode(const uint8_t* __restrict__ W, const uint8_t* __restrict__ xq,
-                                                 const float2* __restrict__ xds, float* __restrict__ y,
-                                                 const float* __restrict__ add, int n_rows, int n_cols,
-                                                 int prefetch_bytes) {
-    const size_t group_bytes = X16_DECODE_ROWS * row_bytes<B>(n_cols), end = (size_t)n_rows * row_bytes<B>(n_cols);
-    const int n_groups = (n_rows + X16_DECODE_ROWS - 1) / X16_DECODE_ROWS;
-    long budget = prefetch_bytes / gridDim.x;
-    for (int g = blockIdx.x; g < n_groups && budget > 0; g += gridDim.x, budget -= group_bytes) {
-        const size_t from = g * group_bytes & ~(size_t)127, to = min(end, g * group_bytes + min((size_t)budget, group_bytes));
-        for (size_t at = from + 128 * threadIdx.x; at < to; at += 128 * blockDim.x) prefetch_l2(W + at);
-    }
-    follow_previous_kernel();
+__device__ __forceinline__ void matvec_x16_decode(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2,
+                                                 const uint8_t* __restrict__ xq, const float2* __restrict__ xds,
+                                                 float* y0, float* y1, float* y2, const float* __restrict__ add,
+                                                 int rows0, int rows1, int rows2, int n_cols) {
+    constexpr int R = X16_DECODE_ROWS;
+    const int n_groups = (rows0 + R - 1) / R + (rows1 + R - 1) / R + (rows2 + R - 1) / R;
     for (int g = blockIdx.x; g < n_groups; g += gridDim.x) {
-        matvec_x16<B, X16_DECODE_ROWS, 1>(W, xq, xds, y, add, g * X16_DECODE_ROWS, n_rows, n_cols, 1);
+        int u = g;
+        const int i = fused_part(u, R, rows0, rows1);
+        matvec_x16<B, R, 1>(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * R,
+                            pick(i, rows0, rows1, rows2), n_cols, 1);
         __syncthreads();  // the next group's sums overwrite `partial`
     }
 }
 
-// y (n_tok, n_rows) = x_deq · Wᵀ (+ add, n_tok by n_rows, where not null), from quantize_x16's xq and xds of
-// x (n_tok, n_cols), in passes of 8 tokens, one a blockIdx.y. A block computes X16_ROWS (2) rows; its threads
-// stride together over the rows' 32-element units.
+// What a block of matvec_x16_decode asks L2 for before waiting for the kernel that writes x: the first
+// prefetch_bytes / gridDim.x bytes of its rows. Launched early beside that kernel (common.cuh), the
+// weights then stream from memory while it runs, where a kernel that waits first leaves memory idle
+// through every predecessor's tail and every small kernel between two matvecs. A prefetch reads
+// nothing into the kernel, and weights are never written: asking for them early races nothing.
+template <class B>
+__device__ __forceinline__ void prefetch_decode_rows(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, int rows0,
+                                                    int rows1, int rows2, int n_cols, int prefetch_bytes) {
+    constexpr int R = X16_DECODE_ROWS;
+    const size_t rb = row_bytes<B>(n_cols), group_bytes = R * rb;
+    const int n_groups = (rows0 + R - 1) / R + (rows1 + R - 1) / R + (rows2 + R - 1) / R;
+    long budget = prefetch_bytes / gridDim.x;
+    for (int g = blockIdx.x; g < n_groups && budget > 0; g += gridDim.x, budget -= group_bytes) {
+        int u = g;
+        const int i = fused_part(u, R, rows0, rows1);
+        const uint8_t* W = pick(i, W0, W1, W2);
+        const uint8_t* to = W + min((size_t)pick(i, rows0, rows1, rows2) * rb, u * group_bytes + min((size_t)budget, group_bytes));
+        const uintptr_t line0 = reinterpret_cast<uintptr_t>(W + u * group_bytes) & ~(uintptr_t)127;
+        for (const uint8_t* at = reinterpret_cast<const uint8_t*>(line0) + 128 * threadIdx.x; at < to; at += 128 * blockDim.x)
+            prefetch_l2(at);
+    }
+}
+
+// y_i (n_tok, rows_i) = x_deq · W_iᵀ for the launch's weights (common.cuh fused_part; + add, as y0, where not
+// null: the residual stream, given with one weight only), from quantize_x16's xq and xds of x (n_tok,
+// n_cols), in passes of 8 tokens, one a blockIdx.y. A block computes X16_ROWS (2) rows; its threads stride
+// together over the rows' 32-element units.
 // LAUNCH: block = 32 · min(4, ceil(n_cols / 1024)) threads (a multiple of 32, at most X16_THREADS);
-// grid = (ceil(n_rows / X16_ROWS), ceil(n_tok / 8)); n_cols a multiple of the type's block. 5 blocks an SM, as matvec.cu.
+// grid = (Σ ceil(rows_i / X16_ROWS), ceil(n_tok / 8)); n_cols a multiple of the type's block. 5 blocks an SM, as matvec.cu.
 // matvec_x16_1_<type>: the same for one token (matvec_x16_decode), X16_DECODE_ROWS rows a block a step;
-// grid = at most ceil(n_rows / X16_DECODE_ROWS), the blocks striding over the groups of rows; prefetch_bytes
-// of the weight asked for ahead (0: none).
+// grid = at most Σ ceil(rows_i / X16_DECODE_ROWS), the blocks striding over the groups of rows; prefetch_bytes
+// of the weights asked for before the wait (prefetch_decode_rows; 0: none).
 #define MATVEC_X16_KERNEL(name, B)                                                                          \
     extern "C" __global__ void __launch_bounds__(X16_THREADS, 5)                                            \
-        matvec_x16_##name(const uint8_t* W, const uint8_t* xq, const float2* xds, float* y, const float* add, \
-                          int n_rows, int n_cols, int n_tok) {                                              \
+        matvec_x16_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,       \
+                          const float2* xds, float* y0, float* y1, float* y2, const float* add, int rows0,  \
+                          int rows1, int rows2, int n_cols, int n_tok) {                                    \
         follow_previous_kernel();                                                                           \
+        int u = blockIdx.x;                                                                                 \
+        const int i = fused_part(u, X16_ROWS, rows0, rows1), n_rows = pick(i, rows0, rows1, rows2);         \
         const size_t t0 = (size_t)blockIdx.y * X16_MAX_TOKENS;                                              \
-        matvec_x16<B, X16_ROWS, X16_MAX_TOKENS>(W, xq + 2 * t0 * n_cols, xds + t0 * n_cols / 32, y + t0 * n_rows, \
-                                                add ? add + t0 * n_rows : add, blockIdx.x * X16_ROWS, n_rows, \
-                                                n_cols, min(X16_MAX_TOKENS, n_tok - (int)t0));              \
+        matvec_x16<B, X16_ROWS, X16_MAX_TOKENS>(pick(i, W0, W1, W2), xq + 2 * t0 * n_cols, xds + t0 * n_cols / 32, \
+                                                pick(i, y0, y1, y2) + t0 * n_rows,                          \
+                                                add && i == 0 ? add + t0 * n_rows : nullptr, u * X16_ROWS,  \
+                                                n_rows, n_cols, min(X16_MAX_TOKENS, n_tok - (int)t0));      \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(X16_THREADS, 4)                                            \
-        matvec_x16_1_##name(const uint8_t* W, const uint8_t* xq, const float2* xds, float* y, const float* add, \
-                            int n_rows, int n_cols, int prefetch_bytes) {                                   \
-        matvec_x16_decode<B>(W, xq, xds, y, add, n_rows, n_cols, prefetch_bytes);                           \
+        matvec_x16_1_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,     \
+                            const float2* xds, float* y0, float* y1, float* y2, const float* add, int rows0, \
+                            int rows1, int rows2, int n_cols, int prefetch_bytes) {                         \
+        prefetch_decode_rows<B>(W0, W1, W2, rows0, rows1, rows2, n_cols, prefetch_bytes);                   \
+        follow_previous_kernel();                                                                           \
+        matvec_x16_decode<B>(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols);            \
     }
 MATVEC_X16_KERNEL(q4_0, block_q4_0)
 MATVEC_X16_KERNEL(q5_0, block_q5_0)

@@ -91,6 +91,9 @@ class CpuOps:
         y = x @ weight.T
         return y if add is None else add + y
 
+    def matmuls(self, x: np.ndarray, weights) -> list[np.ndarray]:
+        return [self.matmul(x, w) for w in weights]
+
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b
 

@@ -28,9 +28,11 @@ MATVEC_MAX_TOKENS = 8  # kernels/matvec.cu: up to 8 tokens share one pass over t
 # kernels/matvec_x16.cu: the decode matvec of these types dots int16 x blocks with the integer quants
 X16_MATVEC_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a time (matvec_x16_1_<type>)
-# its grid: this many blocks an SM at most, striding over the rows, so that all of them are running
-# (and asking for their weights) while the kernel before still runs; and the bytes of each weight
-# they ask L2 for before that kernel ends, in a captured decode step (L2 holds 50 MB on an H200)
+# the int16 matvecs and the short-prompt GEMM take up to three weights of one type in one launch (q, k, v)
+MAX_FUSED, FUSED_PATHS = 3, ("x16", "blocks")
+# the one-token matvec's grid: this many blocks an SM at most, striding over the rows, so that all of them are running
+# (and asking for their weights) while the kernel before still runs; and the bytes of its weights
+# a launch asks L2 for before that kernel ends, in a captured decode step (L2 holds 50 MB on an H200)
 DECODE_BLOCKS_PER_SM, DECODE_PREFETCH_BYTES = 2, 16 << 20
 # up to here a matrix of at most MATVEC_MAX_ROWS rows takes int16 passes of 8 tokens (wider ones
 # take the GEMMs past one pass): the int16 scratch holds this many tokens
@@ -339,52 +341,82 @@ class CudaOps(ExpertOps, DeltaNetOps):
         return PTR(0), PTR(0)
 
     def matmul(self, x: Tensor, weight: Weight, add: Tensor | None = None) -> Tensor:
-        n_rows, n_cols = weight.n_rows, weight.n_cols
+        return self._matmul(x, [weight], add)[0]
+
+    def matmuls(self, x: Tensor, weights: Sequence[Weight]) -> list[Tensor]:
+        """Runs of up to MAX_FUSED weights of one type that take the same kernel go as one launch
+        (its grid over all their rows), the rest one by one."""
+        outs: list[Tensor] = []
+        while len(outs) < len(weights):
+            group = [weights[len(outs)]]
+            path = self._path(x, group[0])
+            for w in weights[len(outs) + 1:len(outs) + MAX_FUSED] if path in FUSED_PATHS else ():
+                if w.ggml_type != group[0].ggml_type or self._path(x, w) != path:
+                    break
+                group.append(w)
+            outs += self._matmul(x, group)
+        return outs
+
+    def _path(self, x: Tensor, weight: Weight) -> str:
+        """Which kernels multiply x with the weight: "x16" (int16 matvec passes), "float" (float
+        matvec passes), "blocks" (the short-prompt GEMM) or "f16" (the long-prompt GEMM)."""
+        n_cols = weight.n_cols
+        if x.rows <= MATVEC_MAX_TOKENS or weight.n_rows <= MATVEC_MAX_ROWS or n_cols % 32:
+            # a weight wider than reserve planned the int16 scratch for keeps the float kernel, as do passes past 32 tokens
+            x16 = weight.ggml_type in X16_MATVEC_TYPES and n_cols <= self._x16_width and x.rows <= MATVEC_PASSES_MAX_TOKENS
+            return "x16" if x16 else "float"
+        if x.rows >= F16_GEMM_MIN_TOKENS and 2 * n_cols <= self._w16_bytes and 2 * x.rows * n_cols <= self._xh_bytes:
+            return "f16"
+        return "blocks"
+
+    def _matmul(self, x: Tensor, group: list[Weight], add: Tensor | None = None) -> list[Tensor]:
+        """x times each weight of the group (one type and path; several only where FUSED_PATHS), add
+        summed into the one product there is where given."""
+        n_cols = group[0].n_cols
         if x.cols != n_cols:
             raise ReflexError(f"internal error: matmul of width {x.cols} with a weight of {n_cols} columns")
-        out = self._new(x.rows, n_rows)
-        w = self._ready(weight)
-        suffix = kernel_suffix(weight.ggml_type)
-        if x.rows <= MATVEC_MAX_TOKENS or n_rows <= MATVEC_MAX_ROWS or n_cols % 32:
-            summed = self._matvec(weight, x, out, suffix, add)  # the int16 matvecs sum add in, the float ones do not
-            return out if summed or add is None else self.add(add, out)
-        if x.rows >= F16_GEMM_MIN_TOKENS and 2 * n_cols <= self._w16_bytes and 2 * x.rows * n_cols <= self._xh_bytes:
-            self._matmul_f16(x, weight, out, suffix, add)
-        else:  # kernels/gemm.cu: 16 rows x 32 tokens a block, straight from the GGUF blocks
-            self.device.launch(f"gemm_{suffix}", (-(-n_rows // 16), -(-x.rows // 32)), 512,
-                               (PTR(w), PTR(x.ptr), PTR(out.ptr), PTR(add.ptr if add is not None else 0),
-                                INT(n_rows), INT(n_cols), INT(x.rows)))
-        return out
-
-    def _matvec(self, weight: Weight, x: Tensor, out: Tensor, suffix: str, add: Tensor | None = None) -> bool:
-        """Passes of 8 tokens over the weight's rows (rows of x and of out are tokens); True where
-        `add` was summed into out."""
-        # kernels/matvec_x16.cu: x to int16 blocks (unless the op that made x wrote them), then 2 rows a block (one
-        # token: 4), a warp per 1,024 columns (32 units), at most 4; a weight wider than reserve planned the int16
-        # scratch for keeps the float kernel, as do passes past 32 tokens
-        passes, n_rows, n_cols = -(-x.rows // MATVEC_MAX_TOKENS), weight.n_rows, weight.n_cols
-        if weight.ggml_type in X16_MATVEC_TYPES and n_cols <= self._x16_width and x.rows <= MATVEC_PASSES_MAX_TOKENS:
+        outs = [self._new(x.rows, w.n_rows) for w in group]
+        ptrs = [self._ready(w) for w in group]
+        path, suffix = self._path(x, group[0]), kernel_suffix(group[0].ggml_type)
+        # the fused kernels' weights: three (W, y, rows), the absent ones (0, 0, 0)
+        fused = ([PTR(p) for p in ptrs] + [PTR(0)] * (MAX_FUSED - len(group)),
+                 [PTR(o.ptr) for o in outs] + [PTR(0)] * (MAX_FUSED - len(group)),
+                 [INT(w.n_rows) for w in group] + [INT(0)] * (MAX_FUSED - len(group)))
+        add_ptr = PTR(add.ptr if add is not None else 0)
+        dev = self.device
+        if path == "x16":
+            # kernels/matvec_x16.cu: x to int16 blocks (unless the op that made x wrote them), then 2 rows a block (one
+            # token: 4), a warp per 1,024 columns (32 units), at most 4; a pass of 8 tokens a blockIdx.y
             n = x.rows * n_cols
             # q, k, v (gate, up) share one x: quantized once. A tensor is final once the op making it
             # returns, and holding it keeps its buffer's address from any other tensor.
             if self._x16_of != (x, n):
-                self.device.launch("quantize_x16", (-(-n // 1024),), 256, (PTR(x.ptr), PTR(self._xq), PTR(self._xds), INT(n)))
+                dev.launch("quantize_x16", (-(-n // 1024),), 256, (PTR(x.ptr), PTR(self._xq), PTR(self._xds), INT(n)))
                 self._x16_of = (x, n)
             threads = 32 * min(4, -(-n_cols // 1024))
-            args = (PTR(weight.ptr), PTR(self._xq), PTR(self._xds), PTR(out.ptr), PTR(add.ptr if add is not None else 0),
-                    INT(n_rows), INT(n_cols))
+            args = (*fused[0], PTR(self._xq), PTR(self._xds), *fused[1], add_ptr, *fused[2], INT(n_cols))
             if x.rows == 1:
-                dev = self.device
-                grid = min(-(-n_rows // X16_DECODE_ROWS), DECODE_BLOCKS_PER_SM * dev.info.multiprocessors)
+                groups = sum(-(-w.n_rows // X16_DECODE_ROWS) for w in group)
+                grid = min(groups, DECODE_BLOCKS_PER_SM * dev.info.multiprocessors)
                 ahead = DECODE_PREFETCH_BYTES if dev.overlap_launches else 0  # eager launches wait for nothing
                 dev.launch(f"matvec_x16_1_{suffix}", (grid,), threads, args + (INT(ahead),))
             else:
-                self.device.launch(f"matvec_x16_{suffix}", (-(-n_rows // 2), passes), threads, args + (INT(x.rows),))
-            return True
-        # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4; a pass a blockIdx.y
-        self.device.launch(f"matvec_{suffix}", (-(-n_rows // 2), passes), 32 * min(4, -(-n_cols // 512)),
-                           (PTR(weight.ptr), PTR(x.ptr), PTR(out.ptr), INT(n_rows), INT(n_cols), INT(x.rows)))
-        return False
+                blocks = sum(-(-w.n_rows // 2) for w in group)
+                dev.launch(f"matvec_x16_{suffix}", (blocks, -(-x.rows // MATVEC_MAX_TOKENS)), threads, args + (INT(x.rows),))
+            return outs
+        if path == "blocks":  # kernels/gemm.cu: 16 rows x 32 tokens a block, straight from the GGUF blocks
+            blocks = sum(-(-w.n_rows // 16) for w in group)
+            dev.launch(f"gemm_{suffix}", (blocks, -(-x.rows // 32)), 512,
+                       (*fused[0], PTR(x.ptr), *fused[1], add_ptr, *fused[2], INT(n_cols), INT(x.rows)))
+            return outs
+        (weight,), (out,) = group, outs
+        if path == "float":  # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4
+            rows = weight.n_rows
+            dev.launch(f"matvec_{suffix}", (-(-rows // 2), -(-x.rows // MATVEC_MAX_TOKENS)), 32 * min(4, -(-n_cols // 512)),
+                       (PTR(weight.ptr), PTR(x.ptr), PTR(out.ptr), INT(rows), INT(n_cols), INT(x.rows)))
+            return [out if add is None else self.add(add, out)]
+        self._matmul_f16(x, weight, out, suffix, add)
+        return outs
 
     def _matmul_f16(self, x: Tensor, weight: Weight, out: Tensor, suffix: str, add: Tensor | None) -> None:
         """Long prompts (kernels/gemm_f16.cu): x rounded to f16 once (q, k and v share it), as many

@@ -1,0 +1,54 @@
+"""Which kernels a pass launches on the CUDA backend, counted below the binding (test_cuda_errors.py's
+fake libcuda; everything above it is real): weights reading one x share a launch where they take
+one kernel (q, k and v; gate and up), on the tiny Qwen3 fixture (2 layers of 256: q 256 rows, k and v
+128 each, gate, up and down 256, the tied head 384, all Q4_K)."""
+from collections import Counter
+
+import pytest
+
+import reflex_engine
+from reflex_engine.backends.cuda import device as device_module
+from reflex_engine.sampling import SamplingParams
+from test_cuda_errors import MODEL, fake  # noqa: F401 (a fixture)
+
+
+@pytest.fixture
+def record(fake, monkeypatch):  # noqa: F811
+    """The model on the fake GPU, eager (no decode graph), and the names of its launches."""
+    fake()
+    monkeypatch.setenv("REFLEX_CUDA_GRAPHS", "0")
+    names: list[str] = []
+    launch = device_module.Device.launch
+
+    def recording(self, name, *args, **kw):
+        names.append(name)
+        return launch(self, name, *args, **kw)
+
+    monkeypatch.setattr(device_module.Device, "launch", recording)
+    model = reflex_engine.load(MODEL, device="cuda")
+    return model, names
+
+
+def matmul_launches(names):
+    return Counter(n for n in names if n.startswith(("gemm", "matvec")))
+
+
+def test_a_prompt_pass_shares_launches_between_weights_of_one_kernel(record):
+    model, names = record
+    names.clear()
+    for _ in model.generate(list(range(1, 17)), max_tokens=1, sampling=SamplingParams(temperature=0), ignore_eos=True):
+        pass
+    # 16 tokens: the short-prompt GEMM for q, o, gate + up (one launch) and down; k + v (128 rows each,
+    # the passes at any length) one launch; the head for the last token alone
+    assert matmul_launches(names) == {"gemm_q4_K": 2 * 4, "matvec_x16_q4_K": 2 * 1, "matvec_x16_1_q4_K": 1}
+
+
+def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
+    model, names = record
+    greedy = SamplingParams(temperature=0)
+    steps = iter(model.generate([1, 2, 3], max_tokens=3, sampling=greedy, ignore_eos=True))
+    next(steps)  # the prompt's pass and the first token
+    names.clear()
+    next(steps)  # one decode step
+    # one token: q + k + v, o, gate + up, down a layer, then the head
+    assert matmul_launches(names) == {"matvec_x16_1_q4_K": 2 * 4 + 1}
