@@ -30,6 +30,7 @@ X16_MATVEC_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, 
 X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a time (matvec_x16_1_<type>)
 # the int16 matvecs and the short-prompt GEMM take up to three weights of one type in one launch (q, k, v)
 MAX_FUSED, FUSED_PATHS = 3, ("x16", "blocks")
+NO_PTRS, NO_ROWS = (PTR(0),) * MAX_FUSED, (INT(0),) * MAX_FUSED  # an absent weight's arguments (never written)
 # the one-token matvec's grid: this many blocks an SM at most, striding over the rows, so that all of them are running
 # (and asking for their weights) while the kernel before still runs; and the bytes of its weights
 # a launch asks L2 for before that kernel ends, in a captured decode step (L2 holds 50 MB on an H200)
@@ -76,6 +77,16 @@ class Weight(NamedTuple):
     @property
     def n_rows(self) -> int:
         return self.shape[1] if len(self.shape) > 1 else 1
+
+
+class Fused(NamedTuple):
+    """What the fused kernels take of a group of weights (ops.py _matmul), the same at every call."""
+    weights: tuple  # W0, W1, W2 (PTR; absent: 0)
+    x16_weights: tuple  # the same, then the int16 scratch's xq and xds
+    rows: tuple  # rows0, rows1, rows2 (INT; absent: 0), then n_cols
+    absent: tuple  # PTR(0) for each absent weight's product
+    n_rows: list[int]
+    units: tuple[int, int, int]  # blocks over all rows: int16 passes (2 rows), one token (4), the GEMM (16)
 
 
 class KVCache(NamedTuple):
@@ -195,6 +206,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._xq = s.carve(x16_bytes)
         self._xds = self._xq + aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width)
         self._x16_of: tuple[Tensor, int] | None = None  # (tensor, elements) the int16 scratch holds
+        self._fused: dict[tuple[Weight, ...], Fused] = {}  # groups of weights -> their kernels' arguments
 
     def _regions(self, sizes: list[tuple[int, str]]) -> list[Region]:
         """One device allocation each; if one fails (memory taken since the plan's check), the
@@ -341,27 +353,27 @@ class CudaOps(ExpertOps, DeltaNetOps):
         return PTR(0), PTR(0)
 
     def matmul(self, x: Tensor, weight: Weight, add: Tensor | None = None) -> Tensor:
-        return self._matmul(x, [weight], add)[0]
+        return self._matmul(x, (weight,), self._path(x, weight), add)[0]
 
     def matmuls(self, x: Tensor, weights: Sequence[Weight]) -> list[Tensor]:
         """Runs of up to MAX_FUSED weights of one type that take the same kernel go as one launch
         (its grid over all their rows), the rest one by one."""
         outs: list[Tensor] = []
         while len(outs) < len(weights):
-            group = [weights[len(outs)]]
-            path = self._path(x, group[0])
+            first = weights[len(outs)]
+            path, group = self._path(x, first), [first]
             for w in weights[len(outs) + 1:len(outs) + MAX_FUSED] if path in FUSED_PATHS else ():
-                if w.ggml_type != group[0].ggml_type or self._path(x, w) != path:
+                if w.ggml_type != first.ggml_type or self._path(x, w) != path:
                     break
                 group.append(w)
-            outs += self._matmul(x, group)
+            outs += self._matmul(x, group, path)
         return outs
 
     def _path(self, x: Tensor, weight: Weight) -> str:
         """Which kernels multiply x with the weight: "x16" (int16 matvec passes), "float" (float
         matvec passes), "blocks" (the short-prompt GEMM) or "f16" (the long-prompt GEMM)."""
-        n_cols = weight.n_cols
-        if x.rows <= MATVEC_MAX_TOKENS or weight.n_rows <= MATVEC_MAX_ROWS or n_cols % 32:
+        n_cols, n_rows = weight.n_cols, weight.n_rows
+        if x.rows <= MATVEC_MAX_TOKENS or n_rows <= MATVEC_MAX_ROWS or n_cols % 32:
             # a weight wider than reserve planned the int16 scratch for keeps the float kernel, as do passes past 32 tokens
             x16 = weight.ggml_type in X16_MATVEC_TYPES and n_cols <= self._x16_width and x.rows <= MATVEC_PASSES_MAX_TOKENS
             return "x16" if x16 else "float"
@@ -369,54 +381,61 @@ class CudaOps(ExpertOps, DeltaNetOps):
             return "f16"
         return "blocks"
 
-    def _matmul(self, x: Tensor, group: list[Weight], add: Tensor | None = None) -> list[Tensor]:
-        """x times each weight of the group (one type and path; several only where FUSED_PATHS), add
-        summed into the one product there is where given."""
+    def _matmul(self, x: Tensor, group: Sequence[Weight], path: str, add: Tensor | None = None) -> list[Tensor]:
+        """x times each weight of the group (one type, all taking `path`; several only where
+        FUSED_PATHS), add summed into the one product there is where given."""
         n_cols = group[0].n_cols
         if x.cols != n_cols:
             raise ReflexError(f"internal error: matmul of width {x.cols} with a weight of {n_cols} columns")
-        outs = [self._new(x.rows, w.n_rows) for w in group]
-        ptrs = [self._ready(w) for w in group]
-        path, suffix = self._path(x, group[0]), kernel_suffix(group[0].ggml_type)
-        # the fused kernels' weights: three (W, y, rows), the absent ones (0, 0, 0)
-        fused = ([PTR(p) for p in ptrs] + [PTR(0)] * (MAX_FUSED - len(group)),
-                 [PTR(o.ptr) for o in outs] + [PTR(0)] * (MAX_FUSED - len(group)),
-                 [INT(w.n_rows) for w in group] + [INT(0)] * (MAX_FUSED - len(group)))
-        add_ptr = PTR(add.ptr if add is not None else 0)
-        dev = self.device
-        if path == "x16":
-            # kernels/matvec_x16.cu: x to int16 blocks (unless the op that made x wrote them), then 2 rows a block (one
-            # token: 4), a warp per 1,024 columns (32 units), at most 4; a pass of 8 tokens a blockIdx.y
-            n = x.rows * n_cols
-            # q, k, v (gate, up) share one x: quantized once. A tensor is final once the op making it
-            # returns, and holding it keeps its buffer's address from any other tensor.
-            if self._x16_of != (x, n):
-                dev.launch("quantize_x16", (-(-n // 1024),), 256, (PTR(x.ptr), PTR(self._xq), PTR(self._xds), INT(n)))
-                self._x16_of = (x, n)
-            threads = 32 * min(4, -(-n_cols // 1024))
-            args = (*fused[0], PTR(self._xq), PTR(self._xds), *fused[1], add_ptr, *fused[2], INT(n_cols))
-            if x.rows == 1:
-                groups = sum(-(-w.n_rows // X16_DECODE_ROWS) for w in group)
-                grid = min(groups, DECODE_BLOCKS_PER_SM * dev.info.multiprocessors)
-                ahead = DECODE_PREFETCH_BYTES if dev.overlap_launches else 0  # eager launches wait for nothing
-                dev.launch(f"matvec_x16_1_{suffix}", (grid,), threads, args + (INT(ahead),))
-            else:
-                blocks = sum(-(-w.n_rows // 2) for w in group)
-                dev.launch(f"matvec_x16_{suffix}", (blocks, -(-x.rows // MATVEC_MAX_TOKENS)), threads, args + (INT(x.rows),))
-            return outs
+        if path not in FUSED_PATHS:
+            return [self._matmul_one(x, group[0], path, add)]
+        f = self._fused.get(tuple(group)) or self._fuse(group)
+        outs = [self._new(x.rows, r) for r in f.n_rows]
+        ys = (*[PTR(o.ptr) for o in outs], *f.absent, PTR(add.ptr) if add is not None else NO_PTRS[0])
+        suffix, dev = kernel_suffix(group[0].ggml_type), self.device
         if path == "blocks":  # kernels/gemm.cu: 16 rows x 32 tokens a block, straight from the GGUF blocks
-            blocks = sum(-(-w.n_rows // 16) for w in group)
-            dev.launch(f"gemm_{suffix}", (blocks, -(-x.rows // 32)), 512,
-                       (*fused[0], PTR(x.ptr), *fused[1], add_ptr, *fused[2], INT(n_cols), INT(x.rows)))
+            dev.launch(f"gemm_{suffix}", (f.units[2], -(-x.rows // 32)), 512,
+                       (*f.weights, PTR(x.ptr), *ys, *f.rows, INT(x.rows)))
             return outs
-        (weight,), (out,) = group, outs
-        if path == "float":  # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4
-            rows = weight.n_rows
-            dev.launch(f"matvec_{suffix}", (-(-rows // 2), -(-x.rows // MATVEC_MAX_TOKENS)), 32 * min(4, -(-n_cols // 512)),
-                       (PTR(weight.ptr), PTR(x.ptr), PTR(out.ptr), INT(rows), INT(n_cols), INT(x.rows)))
-            return [out if add is None else self.add(add, out)]
-        self._matmul_f16(x, weight, out, suffix, add)
+        # kernels/matvec_x16.cu: x to int16 blocks (unless the op that made x wrote them), then 2 rows a block (one
+        # token: 4), a warp per 1,024 columns (32 units), at most 4; a pass of 8 tokens a blockIdx.y
+        n = x.rows * n_cols
+        # q, k, v (gate, up) share one x: quantized once. A tensor is final once the op making it
+        # returns, and holding it keeps its buffer's address from any other tensor.
+        if self._x16_of != (x, n):
+            dev.launch("quantize_x16", (-(-n // 1024),), 256, (PTR(x.ptr), PTR(self._xq), PTR(self._xds), INT(n)))
+            self._x16_of = (x, n)
+        threads = 32 * min(4, -(-n_cols // 1024))
+        args = (*f.x16_weights, *ys, *f.rows)
+        if x.rows == 1:
+            grid = min(f.units[1], DECODE_BLOCKS_PER_SM * dev.info.multiprocessors)
+            ahead = DECODE_PREFETCH_BYTES if dev.overlap_launches else 0  # eager launches wait for nothing
+            dev.launch(f"matvec_x16_1_{suffix}", (grid,), threads, args + (INT(ahead),))
+        else:
+            dev.launch(f"matvec_x16_{suffix}", (f.units[0], -(-x.rows // MATVEC_MAX_TOKENS)), threads, args + (INT(x.rows),))
         return outs
+
+    def _fuse(self, group: Sequence[Weight]) -> Fused:
+        """The group's arguments, kept: taken once its weights have arrived, they never change."""
+        absent, rows = MAX_FUSED - len(group), [w.n_rows for w in group]
+        weights = (*[PTR(self._ready(w)) for w in group], *NO_PTRS[:absent])
+        f = Fused(weights, (*weights, PTR(self._xq), PTR(self._xds)), (*map(INT, rows), *NO_ROWS[:absent], INT(group[0].n_cols)),
+                  NO_PTRS[:absent], rows, tuple(sum(-(-r // per) for r in rows) for per in (2, X16_DECODE_ROWS, 16)))
+        self._fused[tuple(group)] = f
+        return f
+
+    def _matmul_one(self, x: Tensor, weight: Weight, path: str, add: Tensor | None) -> Tensor:
+        """The kernels that take one weight: the float matvec passes and the long-prompt GEMM."""
+        out = self._new(x.rows, weight.n_rows)
+        w, suffix = self._ready(weight), kernel_suffix(weight.ggml_type)
+        if path == "f16":
+            self._matmul_f16(x, weight, out, suffix, add)
+            return out
+        # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4
+        n_rows, n_cols = weight.n_rows, weight.n_cols
+        self.device.launch(f"matvec_{suffix}", (-(-n_rows // 2), -(-x.rows // MATVEC_MAX_TOKENS)), 32 * min(4, -(-n_cols // 512)),
+                           (PTR(w), PTR(x.ptr), PTR(out.ptr), INT(n_rows), INT(n_cols), INT(x.rows)))
+        return out if add is None else self.add(add, out)
 
     def _matmul_f16(self, x: Tensor, weight: Weight, out: Tensor, suffix: str, add: Tensor | None) -> None:
         """Long prompts (kernels/gemm_f16.cu): x rounded to f16 once (q, k and v share it), as many
