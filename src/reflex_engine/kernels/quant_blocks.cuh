@@ -248,7 +248,7 @@ struct block_q4_0 {
     __host__ __device__ static void piece(const uint8_t* row, int p, int, float q[16], float& d, float& m) {
         const block_q4_0& b = reinterpret_cast<const block_q4_0*>(row)[p / 2];
         uint32_t w[4];
-        load_words<2>(b.qs, w);
+        load_words_shifted(b.qs, w);  // reach: d before; the next block's d or the carve's padding after
 #pragma unroll
         for (int k = 0; k < 4; ++k) w[k] = w[k] >> (4 * (p % 2)) & 0x0F0F0F0F;
         bytes16_floats(w, 8.0f, q);
@@ -318,8 +318,8 @@ struct block_q5_0 {
     __host__ __device__ static void piece(const uint8_t* row, int p, int, float q[16], float& d, float& m) {
         const block_q5_0& b = reinterpret_cast<const block_q5_0*>(row)[p / 2];
         uint32_t w[4], qh[1];
-        load_words<2>(b.qs, w);
-        load_words<2>(b.qh, qh);
+        load_words_shifted(b.qs, w);  // reach: qh before; the next block's d or the carve's padding after
+        load_words_shifted(b.qh, qh);  // reach: d before, qs after
         const uint32_t hi = qh[0] >> (16 * (p % 2));  // bit 4 of the piece's elements
 #pragma unroll
         for (int k = 0; k < 4; ++k) w[k] = (w[k] >> (4 * (p % 2)) & 0x0F0F0F0F) | spread4(hi >> (4 * k)) << 4;
@@ -380,7 +380,9 @@ struct block_q8_0 {
     __host__ __device__ static void piece(const uint8_t* row, int p, int, float q[16], float& d, float& m) {
         const block_q8_0& b = reinterpret_cast<const block_q8_0*>(row)[p / 2];
         uint32_t w[4];
-        load_words<2>(reinterpret_cast<const uint8_t*>(b.qs) + 16 * (p % 2), w);
+        // 4-byte loads, not 2-byte ones (the block is 2-byte aligned). Reach: d or the first half
+        // before; the second half, the next block's d or the carve's padding after
+        load_words_shifted(reinterpret_cast<const uint8_t*>(b.qs) + 16 * (p % 2), w);
 #pragma unroll
         for (int k = 0; k < 4; ++k) w[k] ^= 0x80808080;  // int8 q as q + 128
         bytes16_floats(w, 128.0f, q);
