@@ -21,7 +21,8 @@
 #   NCU="8b:512 0.6b:16:q8_0"  ncu's serialized kernel times (tools/ncu_table.py) of one prompt's pass of that many tokens
 #               on the shape's file (Q4_K_M unless named) (the decode step after it too), with CHECK's and BENCH's files
 #   NCU_DETAIL="8b:16:q4_k_m:gemm_q4_K[:skip]"  ncu --set full on one launch of that kernel (after skip), $OUT/ncu-detail.txt
-#   DECODE_PROBE=1  tools/probe_decode_prefetch.py on each MAIN_SHAPES file of QUANTS (DECODE_PROBE_ARGS)
+#   LAUNCH_PROBE=1  tools/probe_launch_shapes.py on each MAIN_SHAPES file of QUANTS (LAUNCH_PROBE_ARGS): weights a
+#               launch, the decode matvec's grid and early weight requests against decode and prefill 16
 #   CROSSOVER=1 tools/probe_gemm_crossover.py on each MAIN_SHAPES Q4_K_M file: prompt passes through either GEMM
 #   PROBE=1     tools/probe_overlap.py on the first MAIN_SHAPES file (16-token prompt, n=PROBE_N, 5): the driver's
 #               init beside the host path or before it, the upload's overlap, the driver's default queues
@@ -112,7 +113,7 @@ fi
 model_file() { case $1 in dsv2-lite|qwen35-*) echo "/tmp/$1-$2.gguf" ;; *) echo "/tmp/qwen3-$1-$2.gguf" ;; esac; }
 MOE_SHAPES=${MOE_SHAPES:-30b-a3b dsv2-lite}
 q4_only() { case " $MOE_SHAPES " in *" $1 "*) return 0 ;; esac; return 1; }  # the MoE files: Q4_K_M alone
-if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ] || [ -n "${NCU:-}" ] || [ -n "${NCU_DETAIL:-}" ] || [ "${DECODE_PROBE:-0}" = 1 ] || [ "${CROSSOVER:-0}" = 1 ]; then
+if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ] || [ -n "${NCU:-}" ] || [ -n "${NCU_DETAIL:-}" ] || [ "${LAUNCH_PROBE:-0}" = 1 ] || [ "${CROSSOVER:-0}" = 1 ]; then
     tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
     QUANTS=${QUANTS:-q4_k_m}
     SHAPES=${MAIN_SHAPES:-0.6b 8b}; [ "${MOE:-0}" = 1 ] && SHAPES="$SHAPES $MOE_SHAPES"; [ "${HYBRID:-0}" = 1 ] && SHAPES="$SHAPES qwen35-0.8b"
@@ -156,10 +157,10 @@ for run in ${NCU_DETAIL:-}; do  # shape:tokens:quant:kernel[:skip]: ncu's full r
     rm -f "$OUT/ncu-detail.txt.tmp"
 done
 
-if [ "${DECODE_PROBE:-0}" = 1 ]; then  # the one-token matvec's grid and early weight requests
+if [ "${LAUNCH_PROBE:-0}" = 1 ]; then  # the matmuls' launch shapes
     for shape in ${MAIN_SHAPES:-0.6b 8b}; do
         for quant in $QUANTS; do
-            python3 tools/probe_decode_prefetch.py "$(model_file $shape $quant)" ${DECODE_PROBE_ARGS:-} 2>&1 | tee -a "$LOG"
+            python3 tools/probe_launch_shapes.py "$(model_file $shape $quant)" ${LAUNCH_PROBE_ARGS:-} 2>&1 | tee -a "$LOG"
         done
     done
 fi
