@@ -86,7 +86,7 @@ class Fused(NamedTuple):
     rows: tuple  # rows0, rows1, rows2 (INT; absent: 0), then n_cols
     absent: tuple  # PTR(0) for each absent weight's product
     n_rows: list[int]
-    units: tuple[int, int, int]  # blocks over all rows: int16 passes (2 rows), one token (4), the GEMM (16)
+    units: tuple[int, int, int]  # blocks over all rows: int16 passes (2 rows), one token (4), the GEMM (32)
 
 
 class KVCache(NamedTuple):
@@ -393,8 +393,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         outs = [self._new(x.rows, r) for r in f.n_rows]
         ys = (*[PTR(o.ptr) for o in outs], *f.absent, PTR(add.ptr) if add is not None else NO_PTRS[0])
         suffix, dev = kernel_suffix(group[0].ggml_type), self.device
-        if path == "blocks":  # kernels/gemm.cu: 16 rows x 32 tokens a block, straight from the GGUF blocks
-            dev.launch(f"gemm_{suffix}", (f.units[2], -(-x.rows // 32)), 512,
+        if path == "blocks":  # kernels/gemm.cu: 32 rows x 32 tokens a block, straight from the GGUF blocks
+            dev.launch(f"gemm_{suffix}", (f.units[2], -(-x.rows // 32)), 256,
                        (*f.weights, PTR(x.ptr), *ys, *f.rows, INT(x.rows)))
             return outs
         # kernels/matvec_x16.cu: x to int16 blocks (unless the op that made x wrote them), then 2 rows a block (one
@@ -420,7 +420,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         absent, rows = MAX_FUSED - len(group), [w.n_rows for w in group]
         weights = (*[PTR(self._ready(w)) for w in group], *NO_PTRS[:absent])
         f = Fused(weights, (*weights, PTR(self._xq), PTR(self._xds)), (*map(INT, rows), *NO_ROWS[:absent], INT(group[0].n_cols)),
-                  NO_PTRS[:absent], rows, tuple(sum(-(-r // per) for r in rows) for per in (2, X16_DECODE_ROWS, 16)))
+                  NO_PTRS[:absent], rows, tuple(sum(-(-r // per) for r in rows) for per in (2, X16_DECODE_ROWS, 32)))
         self._fused[tuple(group)] = f
         return f
 
