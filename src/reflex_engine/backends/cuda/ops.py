@@ -15,7 +15,7 @@ from ...errors import ReflexError
 from ...gguf import GGMLType, tensor_nbytes
 from ...ops import Batch, CacheShape, Rope, RopeMode, StateArray
 from .delta_net import DeltaNetOps, RecurrentState, carve_states, check_shape, chunk_scratch_bytes
-from .device import F32, F64, I64, INT, PTR, Device
+from .device import Device
 from .experts import ExpertOps, yarn_args
 from .memory import Plan, Pool, Region, Tensor, aligned
 from .upload import Copy, Upload
@@ -310,7 +310,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             table_ptr = self._ready(table)
         ids = self._upload_ints("tokens", tokens)
         self.device.launch(f"get_rows_{kernel_suffix(table.ggml_type)}", (len(tokens),), 128,
-                           (PTR(table_ptr), PTR(ids), PTR(out.ptr), INT(table.n_cols), INT(len(tokens))))
+                           (table_ptr, ids, out.ptr, table.n_cols, len(tokens)))
         return out
 
     def rms_norm(self, x: Tensor, weight: Weight, eps: float) -> Tensor:
@@ -321,18 +321,18 @@ class CudaOps(ExpertOps, DeltaNetOps):
         # rows only, whose one block each would leave most SMs idle
         splits = d // 1024 if d % 1024 == 0 and x.rows <= MATVEC_MAX_TOKENS else 1
         self.device.launch("norm_f32", (x.rows * x.cols // d, splits), block,
-                           (PTR(x.ptr), PTR(self._ready(weight)), PTR(out.ptr), INT(d), F32(eps))
-                           + (self._x16_beside(out) if d == x.cols else (PTR(0), PTR(0))))
+                           (x.ptr, self._ready(weight), out.ptr, d, eps)
+                           + (self._x16_beside(out) if d == x.cols else (0, 0)))
         return out
 
-    def _x16_beside(self, out: Tensor) -> tuple[PTR, PTR]:
+    def _x16_beside(self, out: Tensor) -> tuple[int, int]:
         """Where the kernel making `out` also writes its int16 blocks (kernels/x16.cuh), which the
         matvec reading it next then takes instead of quantizing it again (one launch fewer); (0, 0),
         nothing, past one pass of tokens, where the GEMMs read x itself."""
         if out.rows <= MATVEC_MAX_TOKENS and out.cols % 32 == 0 and out.cols <= self._x16_width:
             self._x16_of = (out, out.rows * out.cols)
-            return PTR(self._xq), PTR(self._xds)
-        return PTR(0), PTR(0)
+            return self._xq, self._xds
+        return 0, 0
 
     def matmul(self, x: Tensor, weight: Weight, add: Tensor | None = None) -> Tensor:
         n_rows, n_cols = weight.n_rows, weight.n_cols
@@ -348,8 +348,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             self._matmul_f16(x, weight, out, suffix, add)
         else:  # kernels/gemm.cu: 16 rows x 32 tokens a block, straight from the GGUF blocks
             self.device.launch(f"gemm_{suffix}", (-(-n_rows // 16), -(-x.rows // 32)), 512,
-                               (PTR(w), PTR(x.ptr), PTR(out.ptr), PTR(add.ptr if add is not None else 0),
-                                INT(n_rows), INT(n_cols), INT(x.rows)))
+                               (w, x.ptr, out.ptr, add.ptr if add is not None else 0, n_rows, n_cols, x.rows))
         return out
 
     def _matvec(self, weight: Weight, x: Tensor, out: Tensor, suffix: str, add: Tensor | None = None) -> bool:
@@ -364,19 +363,18 @@ class CudaOps(ExpertOps, DeltaNetOps):
             # q, k, v (gate, up) share one x: quantized once. A tensor is final once the op making it
             # returns, and holding it keeps its buffer's address from any other tensor.
             if self._x16_of != (x, n):
-                self.device.launch("quantize_x16", (-(-n // 1024),), 256, (PTR(x.ptr), PTR(self._xq), PTR(self._xds), INT(n)))
+                self.device.launch("quantize_x16", (-(-n // 1024),), 256, (x.ptr, self._xq, self._xds, n))
                 self._x16_of = (x, n)
             threads = 32 * min(4, -(-n_cols // 1024))
-            args = (PTR(weight.ptr), PTR(self._xq), PTR(self._xds), PTR(out.ptr), PTR(add.ptr if add is not None else 0),
-                    INT(n_rows), INT(n_cols))
+            args = (weight.ptr, self._xq, self._xds, out.ptr, add.ptr if add is not None else 0, n_rows, n_cols)
             if x.rows == 1:
                 self.device.launch(f"matvec_x16_1_{suffix}", (-(-n_rows // X16_DECODE_ROWS),), threads, args)
             else:
-                self.device.launch(f"matvec_x16_{suffix}", (-(-n_rows // 2), passes), threads, args + (INT(x.rows),))
+                self.device.launch(f"matvec_x16_{suffix}", (-(-n_rows // 2), passes), threads, args + (x.rows,))
             return True
         # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4; a pass a blockIdx.y
         self.device.launch(f"matvec_{suffix}", (-(-n_rows // 2), passes), 32 * min(4, -(-n_cols // 512)),
-                           (PTR(weight.ptr), PTR(x.ptr), PTR(out.ptr), INT(n_rows), INT(n_cols), INT(x.rows)))
+                           (weight.ptr, x.ptr, out.ptr, n_rows, n_cols, x.rows))
         return False
 
     def _matmul_f16(self, x: Tensor, weight: Weight, out: Tensor, suffix: str, add: Tensor | None) -> None:
@@ -385,23 +383,22 @@ class CudaOps(ExpertOps, DeltaNetOps):
         columns of out (add's summed in); repeated until every row is done."""
         dev, k, t = self.device, weight.n_cols, x.rows
         if self._xh_of is not x:
-            dev.launch("to_f16", (-(-t * k // 1024),), 256, (PTR(x.ptr), PTR(self._xh), I64(t * k)))
+            dev.launch("to_f16", (-(-t * k // 1024),), 256, (x.ptr, self._xh, t * k))
             self._xh_of = x
         step = max(2, self._w16_bytes // (2 * k) // 2 * 2)  # even: out's float2 stores stay 8-byte aligned
         for r0 in range(0, weight.n_rows, step):
             rows = min(step, weight.n_rows - r0)
-            dev.launch(f"dequant_f16_{suffix}", (-(-rows * (k // 32) // 256),), 256,
-                       (PTR(weight.ptr), PTR(self._w16), INT(r0), INT(rows), INT(k)))
+            dev.launch(f"dequant_f16_{suffix}", (-(-rows * (k // 32) // 256),), 256, (weight.ptr, self._w16, r0, rows, k))
             big = -(-rows // 128) * -(-t // 128) >= dev.info.multiprocessors
             tile = 128 if big else 64
             dev.launch(f"gemm_f16_{tile}", (-(-rows // tile), -(-t // tile)), 256 if big else 128,
-                       (PTR(self._w16), PTR(self._xh), PTR(out.ptr + 4 * r0), PTR(add.ptr + 4 * r0 if add is not None else 0),
-                        INT(rows), INT(k), INT(t), INT(weight.n_rows)))
+                       (self._w16, self._xh, out.ptr + 4 * r0, add.ptr + 4 * r0 if add is not None else 0,
+                        rows, k, t, weight.n_rows))
 
     def _elementwise(self, kernel: str, a: Tensor, b: Tensor) -> Tensor:
         out = self._new(a.rows, a.cols)
         n = a.rows * a.cols
-        self.device.launch(kernel, (-(-n // 256),), 256, (PTR(a.ptr), PTR(b.ptr), PTR(out.ptr), I64(n)))
+        self.device.launch(kernel, (-(-n // 256),), 256, (a.ptr, b.ptr, out.ptr, n))
         return out
 
     def add(self, a: Tensor, b: Tensor) -> Tensor:
@@ -410,8 +407,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
     def swiglu(self, gate: Tensor, up: Tensor) -> Tensor:
         out = self._new(gate.rows, gate.cols)
         n = gate.rows * gate.cols
-        self.device.launch("swiglu_f32", (-(-n // 256),), 256,
-                           (PTR(gate.ptr), PTR(up.ptr), PTR(out.ptr), I64(n)) + self._x16_beside(out))
+        self.device.launch("swiglu_f32", (-(-n // 256),), 256, (gate.ptr, up.ptr, out.ptr, n) + self._x16_beside(out))
         return out
 
     def rope(self, x: Tensor, positions: Sequence[int], head_dim: int, rope: Rope, freq_factors: Weight | None = None,
@@ -423,13 +419,13 @@ class CudaOps(ExpertOps, DeltaNetOps):
             self._positions = (positions, self._upload_ints("positions", positions))
         out = self._new(x.rows, x.cols)
         block = min(256, 32 * -(-(rope.n_rot // 2) // 32))
-        args = (PTR(x.ptr), PTR(out.ptr), PTR(self._positions[1]), PTR(self._ready(freq_factors) if freq_factors else 0),
-                INT(head_dim), INT(rope.n_rot), INT(rope.mode is RopeMode.NEOX), F64(rope.base), F64(rope.freq_scale))
+        args = (x.ptr, out.ptr, self._positions[1], self._ready(freq_factors) if freq_factors else 0,
+                head_dim, rope.n_rot, rope.mode is RopeMode.NEOX, rope.base, rope.freq_scale)
         if yarn:
             self.device.launch("rope_yarn_f32", (x.rows, x.cols // head_dim), block, args + yarn_args(rope))
         else:
             norm_w, eps = (self._ready(norm[0]), norm[1]) if norm else (0, 0.0)
-            self.device.launch("rope_f32", (x.rows, x.cols // head_dim), block, args + (PTR(norm_w), F32(eps)))
+            self.device.launch("rope_f32", (x.rows, x.cols // head_dim), block, args + (norm_w, eps))
         return out
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: KVCache, layer: int, batch: Batch,
@@ -439,27 +435,26 @@ class CudaOps(ExpertOps, DeltaNetOps):
             self._segments = self._upload_ints("segments", batch.segments)
             self._start = self._upload_ints("start", [batch.start])
         dk, dv = k.cols // n_kv_heads, v.cols // n_kv_heads
-        dev.launch("kv_store", (t,), 256, (PTR(k.ptr), PTR(v.ptr), PTR(cache.k[layer]), PTR(cache.v[layer]),
-                                           PTR(cache.segments), PTR(self._segments), PTR(self._start), INT(t),
-                                           INT(k.cols), INT(v.cols)))
+        dev.launch("kv_store", (t,), 256, (k.ptr, v.ptr, cache.k[layer], cache.v[layer], cache.segments, self._segments,
+                                           self._start, t, k.cols, v.cols))
         out = self._new(t, n_heads * dv)
-        args = (PTR(q.ptr), PTR(cache.k[layer]), PTR(cache.v[layer]), PTR(cache.segments), PTR(self._segments),
-                PTR(out.ptr), PTR(self._start), INT(t), INT(n_heads), INT(n_kv_heads), INT(dk), INT(dv), F32(scale))
+        args = (q.ptr, cache.k[layer], cache.v[layer], cache.segments, self._segments,
+                out.ptr, self._start, t, n_heads, n_kv_heads, dk, dv, scale)
         if t >= PREFILL_ATTENTION_MIN_TOKENS and dk == dv and dk in (64, 128):
             dev.launch("attention_prefill", (-(-t // 64), n_heads), 128, args)
         else:  # decode and short batches: blocks per (query, head) split the slots, a fixed grid for graph replays
             splits = max(1, min(ATTENTION_MAX_SPLITS, -(-cache.shape.capacity // ATTENTION_SPLIT_SLOTS),
                                 ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
-            dev.launch("attention", (t, n_heads, splits), 128, args + (PTR(self._partials),))
+            dev.launch("attention", (t, n_heads, splits), 128, args + (self._partials,))
             if splits > 1:
-                dev.launch("attention_combine", (t, n_heads), 128, (PTR(self._partials), PTR(out.ptr), INT(t), INT(splits), INT(dv))
-                           + (self._x16_beside(out) if dv % 32 == 0 else (PTR(0), PTR(0))))
+                dev.launch("attention_combine", (t, n_heads), 128, (self._partials, out.ptr, t, splits, dv)
+                           + (self._x16_beside(out) if dv % 32 == 0 else (0, 0)))
         return out
 
     def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:
         out = self._new(len(rows), x.cols)
         ptr = self._upload_ints("rows", rows)
-        self.device.launch("take_rows_f32", (len(rows),), 256, (PTR(x.ptr), PTR(ptr), PTR(out.ptr), INT(x.cols)))
+        self.device.launch("take_rows_f32", (len(rows),), 256, (x.ptr, ptr, out.ptr, x.cols))
         return out
 
     def to_host(self, x: Tensor):
@@ -484,9 +479,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         rows = self._upload_ints("rows", [r for r, _ in pairs])
         tokens = self._upload_ints("pairs", [t for _, t in pairs])
         dev = self.device
-        dev.launch("row_logsumexp", (logits.rows,), 1024, (PTR(logits.ptr), INT(logits.cols), PTR(lse)))
-        dev.launch("gather_logprobs", (-(-n // 256),), 256, (PTR(logits.ptr), INT(logits.cols), PTR(rows), PTR(tokens),
-                                                          PTR(lse), INT(n), PTR(out)))
+        dev.launch("row_logsumexp", (logits.rows,), 1024, (logits.ptr, logits.cols, lse))
+        dev.launch("gather_logprobs", (-(-n // 256),), 256, (logits.ptr, logits.cols, rows, tokens, lse, n, out))
         host = (ctypes.c_double * n)()
         dev.download(ctypes.addressof(host), out, 8 * n)
         return list(host)
@@ -496,8 +490,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
             raise ReflexError(f"internal error: top {k} log-probabilities of a {logits.cols}-token row (1..{TOP_K_MAX})")
         x, dev, lse = logits.row(row), self.device, self._f64
         ids_at, values_at, stats_at = self._top, self._top + 4 * TOP_K_MAX, self._top + 8 * TOP_K_MAX
-        dev.launch("row_logsumexp", (1,), 1024, (PTR(x), INT(logits.cols), PTR(lse)))
-        dev.launch("top_k", (1,), 1024, (PTR(x), INT(logits.cols), INT(k), PTR(ids_at), PTR(values_at), PTR(stats_at)))
+        dev.launch("row_logsumexp", (1,), 1024, (x, logits.cols, lse))
+        dev.launch("top_k", (1,), 1024, (x, logits.cols, k, ids_at, values_at, stats_at))
         ids, values, total = (ctypes.c_int32 * k)(), (ctypes.c_float * k)(), ctypes.c_double()
         dev.download(ctypes.addressof(ids), ids_at, 4 * k)
         dev.download(ctypes.addressof(values), values_at, 4 * k)
@@ -546,9 +540,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 kt = self._rows_from_host(parts[0][0], a, rows)
                 vt = self._rows_from_host(parts[1][0], a, rows) if len(parts) > 1 else kt  # latent: no value rows
                 segs, start = self._upload_ints("segments", [0] * rows), self._upload_ints("start", [a])
-                dev.launch("kv_store", (rows,), 256, (PTR(kt.ptr), PTR(vt.ptr), PTR(cache.k[i]), PTR(cache.v[i]),
-                                                      PTR(cache.segments), PTR(segs), PTR(start), INT(rows),
-                                                      INT(shape.k_width), INT(0 if shape.latent else shape.v_width)))
+                dev.launch("kv_store", (rows,), 256, (kt.ptr, vt.ptr, cache.k[i], cache.v[i], cache.segments, segs, start,
+                                                      rows, shape.k_width, 0 if shape.latent else shape.v_width))
                 del kt, vt
         if n_tokens:
             dev.drv.cuMemsetD32Async(cache.segments, 0, n_tokens, dev.stream)
