@@ -13,54 +13,10 @@ from reflex_engine.backends.cuda import device as device_module
 from reflex_engine.backends.cuda import driver
 from reflex_engine.backends.cuda.image import ImageChoice
 from reflex_engine.errors import CudaUnavailable, ReflexError
+from fake_libcuda import FakeLibcuda
 from test_goldens import paths
 
 MODEL = paths("qwen3", "Q4_K")[0]
-NAMES = {100: b"CUDA_ERROR_NO_DEVICE", 2: b"CUDA_ERROR_OUT_OF_MEMORY"}
-
-
-class FakeLibcuda:
-    """Answers the driver API the way a machine with these properties would."""
-
-    def __init__(self, init_error=0, version=13000, capability=(9, 0), free=80 << 30):
-        self.init_error, self.version, self.capability, self.free = init_error, version, capability, free
-        self.allocated = 0
-
-    def __getattr__(self, name):
-        return lambda *args: 0  # calls whose results these tests don't look at succeed
-
-    def cuInit(self, flags):
-        return self.init_error
-
-    def cuGetErrorName(self, code, out):
-        out._obj.value = NAMES.get(code, b"CUDA_ERROR_UNKNOWN")
-        return 0
-
-    def cuDriverGetVersion(self, out):
-        out._obj.value = self.version
-        return 0
-
-    def cuDeviceGetCount(self, out):
-        out._obj.value = 1
-        return 0
-
-    def cuDeviceGetName(self, buf, size, dev):
-        ctypes.memmove(buf, b"Fake GPU\0", 9)
-        return 0
-
-    def cuDeviceGetAttribute(self, out, attr, dev):
-        out._obj.value = {driver.ATTR_COMPUTE_CAPABILITY_MAJOR: self.capability[0],
-                          driver.ATTR_COMPUTE_CAPABILITY_MINOR: self.capability[1]}.get(attr, 132)
-        return 0
-
-    def cuMemGetInfo_v2(self, free, total):
-        free._obj.value, total._obj.value = self.free, 141 << 30
-        return 0
-
-    def cuMemAlloc_v2(self, ptr, nbytes):
-        self.allocated += nbytes
-        ptr._obj.value = 1 << 40
-        return 0
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from typing import NamedTuple
 from ...errors import ReflexError
 from ...gguf import GGMLType
 from ...ops import Batch, RecurrentShape
-from .device import F32, I64, INT, PTR
 
 CONV_MAX_TAPS, DELTA_MAX_DK, CHUNK, SCAN_COLUMNS = 8, 128, 64, 16  # kernels/delta_net.cu
 
@@ -54,14 +53,13 @@ class DeltaNetOps:
 
     def sigmoid_gate(self, x, gate):
         out, n = self._new(x.rows, x.cols), x.rows * x.cols
-        self.device.launch("sigmoid_gate_f32", (-(-n // 256),), 256,
-                           (PTR(x.ptr), PTR(gate.ptr), PTR(out.ptr), I64(n), INT(x.cols), INT(gate.cols)))
+        self.device.launch("sigmoid_gate_f32", (-(-n // 256),), 256, (x.ptr, gate.ptr, out.ptr, n, x.cols, gate.cols))
         return out
 
     def l2_norm(self, x, head_dim: int, eps: float):
         out = self._new(x.rows, x.cols)
         self.device.launch("norm_f32", (x.rows * x.cols // head_dim,), 32 * -(-min(head_dim, 1024) // 32),
-                           (PTR(x.ptr), PTR(0), PTR(out.ptr), INT(head_dim), F32(eps), PTR(0), PTR(0)))
+                           (x.ptr, 0, out.ptr, head_dim, eps, 0, 0))
         return out
 
     def causal_conv1d(self, x, weight, *, cache, layer: int, batch: Batch):
@@ -70,36 +68,32 @@ class DeltaNetOps:
             raise ReflexError(f"a Gated DeltaNet conv weight of type {weight.ggml_type.name}: the CUDA kernel reads F32 or F16")
         out = self._new(x.rows, x.cols)
         self.device.launch("causal_conv1d_f32", (-(-channels // 256),), 256,
-                           (PTR(x.ptr), PTR(self._ready(weight)), PTR(cache.recurrent.conv[layer]), PTR(out.ptr),
-                            INT(x.rows), INT(channels), INT(taps), INT(weight.ggml_type == GGMLType.F16),
-                            INT(batch.start == 0)))
+                           (x.ptr, self._ready(weight), cache.recurrent.conv[layer], out.ptr, x.rows, channels, taps,
+                            weight.ggml_type == GGMLType.F16, batch.start == 0))
         return out
 
     def gdn_gates(self, alpha, beta, *, dt_bias, ssm_a):
         g, b, n = self._new(alpha.rows, alpha.cols), self._new(beta.rows, beta.cols), alpha.rows * alpha.cols
         self.device.launch("gdn_gates_f32", (-(-n // 256),), 256,
-                           (PTR(alpha.ptr), PTR(beta.ptr), PTR(self._ready(dt_bias)), PTR(self._ready(ssm_a)), PTR(g.ptr),
-                            PTR(b.ptr), INT(n), INT(alpha.cols)))
+                           (alpha.ptr, beta.ptr, self._ready(dt_bias), self._ready(ssm_a), g.ptr, b.ptr, n, alpha.cols))
         return g, b
 
     def delta_rule(self, q, k, v, g, beta, *, cache, layer: int, batch: Batch, tiled: bool, scale: float):
         r = cache.shape.recurrent
         t, h, dk, dv = q.rows, r.n_v_heads, r.k_dim, r.v_dim
         out, dev = self._new(t, h * dv), self.device
-        heads = (INT(h), INT(q.cols // dk), INT(dk), INT(dv), INT(tiled), F32(scale))
-        state, fresh = PTR(cache.recurrent.ssm[layer]), INT(batch.start == 0)
+        heads = (h, q.cols // dk, dk, dv, tiled, scale)
+        state, fresh = cache.recurrent.ssm[layer], batch.start == 0
         if t == 1:
             dev.launch("delta_rule_step", (h, -(-dv // 32)), 256,
-                       (PTR(q.ptr), PTR(k.ptr), PTR(v.ptr), PTR(g.ptr), PTR(beta.ptr), state, PTR(out.ptr)) + heads + (fresh,))
+                       (q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, state, out.ptr) + heads + (fresh,))
             return out
         w = self._chunk_scratch
         u, qk, cum = w + 4 * h * t * dk, w + 4 * h * t * (dk + dv), w + 4 * h * t * (dk + dv + CHUNK)
         dev.launch("delta_rule_chunk_prep", (-(-t // CHUNK), h), 256,
-                   (PTR(q.ptr), PTR(k.ptr), PTR(v.ptr), PTR(g.ptr), PTR(beta.ptr), PTR(w), PTR(u), PTR(qk), PTR(cum),
-                    INT(t)) + heads + (INT(CHUNK),))
+                   (q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, w, u, qk, cum, t) + heads + (CHUNK,))
         dev.launch("delta_rule_chunk_scan", (h, -(-dv // SCAN_COLUMNS)), 256,
-                   (PTR(q.ptr), PTR(k.ptr), PTR(w), PTR(u), PTR(qk), PTR(cum), state, PTR(out.ptr), INT(t)) + heads
-                   + (INT(CHUNK), fresh))
+                   (q.ptr, k.ptr, w, u, qk, cum, state, out.ptr, t) + heads + (CHUNK, fresh))
         return out
 
     def checkpoint_state(self, cache) -> None:

@@ -7,16 +7,27 @@ from __future__ import annotations
 
 import ctypes
 import os
-from ctypes import byref, c_float, c_int, c_int64, c_uint64, c_void_p
-from typing import Any, NamedTuple
+import struct
+from ctypes import byref, c_float, c_int, c_size_t, c_void_p
+from typing import Any, Callable, NamedTuple
 
 from ...errors import CudaUnavailable, ReflexError
 from . import driver as cu
 from .image import find_image
+from .params import param_format
 
-# launch-argument kinds of the kernels' C signatures
-PTR, INT, I64, F32, F64 = c_uint64, c_int, c_int64, c_float, ctypes.c_double
-MAX_KERNEL_ARGS = 32  # more than any kernel in kernels/ takes
+# cuLaunchKernel's `extra`: the arguments as one packed buffer (cuda.h CU_LAUNCH_PARAM_*)
+LAUNCH_PARAM_END, LAUNCH_PARAM_BUFFER_POINTER, LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
+ARGS_BYTES = 4096  # a kernel's parameter space before CUDA 12.1; more than any kernel in kernels/ takes
+_SIZES = {"P": 8, "q": 8, "d": 8, "i": 4, "f": 4}  # params.py's letters; each aligned to its size
+
+
+class Kernel(NamedTuple):
+    fn: c_void_p
+    pack_into: Callable  # struct.Struct.pack_into of its parameters, padding and all
+    extra: Any  # cuLaunchKernel's extra: the argument buffer and a pointer to `size`
+    fmt: str  # params.py's letters
+    size: c_size_t  # the packed bytes; held, extra points at it
 
 
 class DeviceInfo(NamedTuple):
@@ -58,7 +69,8 @@ class Device:
             raise ReflexError(f"cannot load the CUDA kernels ({self.image.kind} {self.image.arch}) on "
                               f"{self.info.name} (sm_{self._sm}): {e}") from None
         self._functions: dict[str, Any] = {}
-        self._params = (c_void_p * MAX_KERNEL_ARGS)()  # the addresses of a launch's arguments
+        self._kernels: dict[str, Kernel] = {}
+        self._args = (ctypes.c_uint64 * (ARGS_BYTES // 8))()  # a launch's packed arguments
         self._config = self._launch_config()
         # set by graph.py while it captures a decode step: there overlapped launches paid (H200, 0.6B
         # Q4_K_M decode 683 -> 785 tok/s), while eager prompt passes lost (512 tokens 16.8 -> 21.5 ms)
@@ -104,19 +116,53 @@ class Device:
         return cu.LaunchConfig(gridDimY=1, gridDimZ=1, blockDimY=1, blockDimZ=1, hStream=self.stream,
                                attrs=ctypes.pointer(self._pdl), numAttrs=1)
 
+    def _kernel(self, name: str) -> Kernel:
+        """The kernel's packing, checked against its parameter table where the driver has one
+        (CUDA 12.4+), else laid out as the C ABI would (each parameter at a multiple of its size)."""
+        fmt = param_format(name)
+        if fmt is None:
+            raise ReflexError(f"internal error: kernel {name} is not in backends/cuda/params.py")
+        fn, sizes = self.function(name), [_SIZES[c] for c in fmt]
+        layout = self.drv.param_layout(fn, len(fmt) + 1)
+        if layout is None:
+            layout, end = [], 0
+            for size in sizes:
+                end = -(-end // size) * size
+                layout.append((end, size))
+                end += size
+        if [size for _, size in layout] != sizes or any(o < p + s for (p, s), (o, _) in zip(layout, layout[1:])):
+            raise ReflexError(f"kernel {name} takes {len(layout)} parameters of {[s for _, s in layout]} bytes at offsets "
+                              f"{[o for o, _ in layout]}; Reflex passes {len(fmt)} ({fmt}) of {sizes}: the kernel image "
+                              f"and this version of Reflex disagree")
+        packing, end = "<", 0
+        for (offset, size), c in zip(layout, fmt):
+            packing += f"{offset - end}x{'Q' if c == 'P' else c}"
+            end = offset + size
+        if end > ARGS_BYTES:
+            raise ReflexError(f"internal error: kernel {name} takes {end} bytes of parameters (at most {ARGS_BYTES})")
+        size = c_size_t(end)
+        extra = (c_void_p * 5)(LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(self._args), LAUNCH_PARAM_BUFFER_SIZE,
+                               ctypes.addressof(size), LAUNCH_PARAM_END)
+        kernel = self._kernels[name] = Kernel(fn, struct.Struct(packing).pack_into, extra, fmt, size)
+        return kernel
+
     def launch(self, name: str, grid: tuple[int, ...], block: int, args: tuple, smem: int = 0) -> None:
-        """Enqueue kernel `name` on the stream; args are ctypes values (PTR(...), INT(...), ...)."""
+        """Enqueue kernel `name` on the stream; args are plain ints and floats, its parameters in
+        order (params.py has their types)."""
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         if gx == 0 or gy == 0 or gz == 0:
             return  # nothing to do: empty tensors are legal (e.g. no logits rows in a prefill chunk)
-        params = self._params  # the driver copies the arguments during the call: one array serves every launch
-        params[: len(args)] = list(map(ctypes.addressof, args))
+        fn, pack_into, extra, fmt, _ = self._kernels.get(name) or self._kernel(name)
+        try:  # the driver copies the buffer during the call (a capture too): one serves every launch
+            pack_into(self._args, 0, *args)
+        except struct.error as e:
+            raise ReflexError(f"internal error: kernel {name}'s arguments {args} do not fit its parameters {fmt}: {e}") from None
         config = self._config if self.overlap_launches else None
         if config is None:
-            self.drv.cuLaunchKernel(self.function(name), gx, gy, gz, block, 1, 1, smem, self.stream, params, None)
+            self.drv.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, smem, self.stream, None, extra)
             return
         config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.sharedMemBytes = gx, gy, gz, block, smem
-        self.drv.cuLaunchKernelEx(byref(config), self.function(name), params, None)
+        self.drv.cuLaunchKernelEx(byref(config), fn, None, extra)
 
     # -- memory --------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from ctypes import POINTER, byref, c_char, c_char_p, c_float, c_int, c_size_t, c
 from ...errors import CudaUnavailable, ReflexError
 
 CUDA_SUCCESS = 0
+CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_NO_DEVICE = 100
 CUDA_ERROR_INSUFFICIENT_DRIVER = 35
 CUDA_ERROR_NO_BINARY_FOR_GPU = 209
@@ -84,6 +85,10 @@ _SIGNATURES = {
     "cuGraphExecDestroy": (c_void_p,),
     "cuGraphDestroy": (c_void_p,),
 }
+# entry points older drivers lack: the Driver holds them unchecked, None where missing
+_OPTIONAL_SIGNATURES = {
+    "cuFuncGetParamInfo": (c_void_p, c_size_t, POINTER(c_size_t), POINTER(c_size_t)),  # CUDA 12.4
+}
 
 
 # Context creation sets up a hardware work queue per connection, ~7 ms each on an H200 (8 by
@@ -123,6 +128,11 @@ class Driver:
             if isinstance(fn, ctypes._CFuncPtr):
                 fn.argtypes, fn.restype = argtypes, c_int
             setattr(self, name, self._checked(name, fn))
+        for name, argtypes in _OPTIONAL_SIGNATURES.items():
+            fn = getattr(lib, name, None)
+            if isinstance(fn, ctypes._CFuncPtr):
+                fn.argtypes, fn.restype = argtypes, c_int
+            setattr(self, name, fn)
 
     def _checked(self, name: str, fn):
         def call(*args):
@@ -176,6 +186,23 @@ class Driver:
         ptr = CUdeviceptr()
         self.cuMemAlloc_v2(byref(ptr), max(nbytes, 1))
         return ptr.value
+
+    def param_layout(self, fn, limit: int) -> list[tuple[int, int]] | None:
+        """(offset, size) in bytes of each of a kernel's parameters, as the kernel itself has them,
+        asking for at most `limit`; None where the driver cannot say (older than CUDA 12.4, an
+        error, or no parameter at all)."""
+        query = self.cuFuncGetParamInfo
+        if query is None:
+            return None
+        offset, size, layout = c_size_t(), c_size_t(), []
+        for i in range(limit):
+            code = query(fn, i, byref(offset), byref(size))
+            if code == CUDA_ERROR_INVALID_VALUE:  # past the last parameter
+                break
+            if code != CUDA_SUCCESS:
+                return None
+            layout.append((offset.value, size.value))
+        return layout or None
 
 
 def version_text(v: int) -> str:

@@ -13,7 +13,6 @@ from typing import Sequence
 from ...errors import ReflexError
 from ...gguf import tensor_nbytes
 from ...ops import Batch, Gating, Rope, Routes, Routing
-from .device import F32, F64, I64, INT, PTR
 
 MOE_WARPS = 4  # kernels/moe.cu: output rows per block
 # past a decode pass's 8 tokens, experts take their tokens grouped (kernels/moe.cu moe_group), each
@@ -39,7 +38,7 @@ def yarn_args(rope: Rope) -> tuple:
 
     low = max(0.0, math.floor(corr_dim(rope.beta_fast))) if rope.ext_factor else 0.0
     high = min(rope.n_rot - 1.0, math.ceil(corr_dim(rope.beta_slow))) if rope.ext_factor else 0.0
-    return F64(rope.ext_factor), F64(low), F64(high), F64(rope.magnitude)
+    return rope.ext_factor, low, high, rope.magnitude
 
 
 class ExpertOps:
@@ -54,9 +53,9 @@ class ExpertOps:
         experts, weights = self._new(t, routing.n_used), self._new(t, routing.n_used)  # experts: int32 bits
         scale = 1.0 if routing.scale in (0.0, 1.0) else routing.scale
         self.device.launch("moe_route", (t,), ROUTE_THREADS,
-                           (PTR(logits.ptr), PTR(self._ready(bias) if bias is not None else 0), PTR(experts.ptr),
-                            PTR(weights.ptr), INT(n_expert), INT(routing.n_used), INT(routing.gating is Gating.SIGMOID),
-                            INT(routing.norm), F32(scale), INT(routing.n_groups), INT(routing.n_groups_used)))
+                           (logits.ptr, self._ready(bias) if bias is not None else 0, experts.ptr, weights.ptr, n_expert,
+                            routing.n_used, routing.gating is Gating.SIGMOID, routing.norm, scale, routing.n_groups,
+                            routing.n_groups_used))
         return Routes(experts, weights)
 
     def moe_ffn(self, x, routes: Routes, *, gate, up, down):
@@ -67,8 +66,8 @@ class ExpertOps:
         h = self.swiglu(self._stacked_matvec(x, gate, k, experts), self._stacked_matvec(x, up, k, experts))  # (T, k*F)
         out = self._new(t, down.n_rows)
         self.device.launch(_kernel("experts_down", down), (t, -(-down.n_rows // MOE_WARPS)), 32 * MOE_WARPS,
-                           (PTR(self._ready(down)), I64(matrix_bytes(down)), PTR(experts.ptr), PTR(weights.ptr),
-                            PTR(h.ptr), PTR(out.ptr), INT(down.n_rows), INT(down.n_cols), INT(k)))
+                           (self._ready(down), matrix_bytes(down), experts.ptr, weights.ptr,
+                            h.ptr, out.ptr, down.n_rows, down.n_cols, k))
         return out
 
     def _grouped_moe_ffn(self, x, routes: Routes, *, gate, up, down):
@@ -78,23 +77,21 @@ class ExpertOps:
         experts, weights = routes
         t, k, n_expert, dev = experts.rows, experts.cols, gate.shape[2], self.device
         offsets, order, place_of = self._new(1, n_expert + 1), self._new(t, k), self._new(t, k)  # int32 bits
-        dev.launch("moe_group", (1,), 1024, (PTR(experts.ptr), INT(t * k), INT(n_expert), PTR(offsets.ptr), PTR(order.ptr),
-                                              PTR(place_of.ptr)))
+        dev.launch("moe_group", (1,), 1024, (experts.ptr, t * k, n_expert, offsets.ptr, order.ptr, place_of.ptr))
         xs = self._new(t, k * x.cols)
-        dev.launch("moe_gather", (t * k,), 256, (PTR(x.ptr), PTR(order.ptr), PTR(xs.ptr), INT(k), INT(x.cols)))
+        dev.launch("moe_gather", (t * k,), 256, (x.ptr, order.ptr, xs.ptr, k, x.cols))
         h = self.swiglu(self._grouped_matvec(xs, gate, offsets, k), self._grouped_matvec(xs, up, offsets, k))
         ys = self._grouped_matvec(h, down, offsets, k)
         out = self._new(t, down.n_rows)
-        dev.launch("moe_combine", (t,), 256, (PTR(ys.ptr), PTR(place_of.ptr), PTR(weights.ptr), PTR(out.ptr), INT(k),
-                                             INT(down.n_rows)))
+        dev.launch("moe_combine", (t,), 256, (ys.ptr, place_of.ptr, weights.ptr, out.ptr, k, down.n_rows))
         return out
 
     def _grouped_matvec(self, xs, weight, offsets, k: int):
         out = self._new(xs.rows, k * weight.n_rows)
         self.device.launch(_kernel("grouped_matvec", weight), (-(-weight.n_rows // 2), weight.shape[2]),
                            32 * min(4, -(-weight.n_cols // 512)),
-                           (PTR(self._ready(weight)), I64(matrix_bytes(weight)), PTR(offsets.ptr), PTR(xs.ptr), PTR(out.ptr),
-                            INT(weight.n_rows), INT(weight.n_cols)))
+                           (self._ready(weight), matrix_bytes(weight), offsets.ptr, xs.ptr, out.ptr,
+                            weight.n_rows, weight.n_cols))
         return out
 
     def head_matmul(self, x, weight):
@@ -109,9 +106,8 @@ class ExpertOps:
         out = self._new(x.rows, n_slots * weight.n_rows)
         self.device.launch(_kernel("stacked_matvec", weight), (x.rows * n_slots, -(-weight.n_rows // MOE_WARPS)),
                            32 * MOE_WARPS,
-                           (PTR(self._ready(weight)), I64(matrix_bytes(weight)), PTR(ids.ptr if ids is not None else 0),
-                            PTR(x.ptr), PTR(out.ptr), INT(weight.n_rows), INT(weight.n_cols), INT(n_slots), INT(x.cols),
-                            INT(0 if ids is not None else weight.n_cols)))
+                           (self._ready(weight), matrix_bytes(weight), ids.ptr if ids is not None else 0, x.ptr, out.ptr,
+                            weight.n_rows, weight.n_cols, n_slots, x.cols, 0 if ids is not None else weight.n_cols))
         return out
 
     def split(self, x, n_heads: int, widths: Sequence[int]):
@@ -133,8 +129,8 @@ class ExpertOps:
         return out
 
     def _copy_heads(self, src, src_width, src_offset, dst, dst_width, dst_offset, width, n_rows) -> None:
-        self.device.launch("copy_heads_f32", (n_rows,), 128, (PTR(src.ptr), PTR(dst.ptr), INT(src_width), INT(src_offset),
-                                                             INT(dst_width), INT(dst_offset), INT(width)))
+        self.device.launch("copy_heads_f32", (n_rows,), 128,
+                           (src.ptr, dst.ptr, src_width, src_offset, dst_width, dst_offset, width))
 
     def latent_attention(self, q, kv, *, cache, layer: int, batch: Batch, n_heads: int, v_width: int, scale: float):
         dev, t, width = self.device, q.rows, kv.cols
@@ -145,17 +141,16 @@ class ExpertOps:
             self._segments = self._upload_ints("segments", batch.segments)
             self._start = self._upload_ints("start", [batch.start])
         # attention.cu's kv_store, with no value rows: the values are the cached rows' first v_width
-        dev.launch("kv_store", (t,), 256, (PTR(kv.ptr), PTR(0), PTR(cache.k[layer]), PTR(0), PTR(cache.segments),
-                                           PTR(self._segments), PTR(self._start), INT(t), INT(width), INT(0)))
+        dev.launch("kv_store", (t,), 256, (kv.ptr, 0, cache.k[layer], 0, cache.segments, self._segments, self._start,
+                                           t, width, 0))
         out = self._new(t, n_heads * v_width)
         splits = max(1, min(MLA_MAX_SPLITS, -(-cache.shape.capacity // MLA_SPLIT_SLOTS),
                             _cuda_ops().ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (v_width + 2))))
         dev.launch("latent_attention", (t, n_heads, splits), MLA_THREADS,
-                   (PTR(q.ptr), PTR(cache.k[layer]), PTR(cache.segments), PTR(self._segments), PTR(out.ptr),
-                    PTR(self._start), INT(n_heads), INT(width), INT(v_width), F32(scale), PTR(self._partials)))
+                   (q.ptr, cache.k[layer], cache.segments, self._segments, out.ptr, self._start, n_heads, width, v_width,
+                    scale, self._partials))
         if splits > 1:
-            dev.launch("latent_attention_combine", (t, n_heads), 256, (PTR(self._partials), PTR(out.ptr), INT(splits),
-                                                                      INT(v_width)))
+            dev.launch("latent_attention_combine", (t, n_heads), 256, (self._partials, out.ptr, splits, v_width))
         return out
 
 

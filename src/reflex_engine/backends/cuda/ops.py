@@ -15,7 +15,7 @@ from ...errors import ReflexError
 from ...gguf import GGMLType, tensor_nbytes
 from ...ops import Batch, CacheShape, Rope, RopeMode, StateArray
 from .delta_net import DeltaNetOps, RecurrentState, carve_states, check_shape, chunk_scratch_bytes
-from .device import F32, F64, I64, INT, PTR, Device
+from .device import Device
 from .experts import ExpertOps, yarn_args
 from .memory import Plan, Pool, Region, Tensor, aligned
 from .upload import Copy, Upload
@@ -30,7 +30,6 @@ X16_MATVEC_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, 
 X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a time (matvec_x16_1_<type>)
 # the int16 matvecs and the short-prompt GEMM take up to three weights of one type in one launch (q, k, v)
 MAX_FUSED, FUSED_PATHS = 3, ("x16", "blocks")
-NO_PTRS, NO_ROWS = (PTR(0),) * MAX_FUSED, (INT(0),) * MAX_FUSED  # an absent weight's arguments (never written)
 # the one-token matvec's grid: this many blocks an SM at most, striding over the rows, so that all of them are running
 # (and asking for their weights) while the kernel before still runs; and the bytes of its weights
 # a launch asks L2 for before that kernel ends, in a captured decode step (L2 holds 50 MB on an H200)
@@ -81,10 +80,10 @@ class Weight(NamedTuple):
 
 class Fused(NamedTuple):
     """What the fused kernels take of a group of weights (ops.py _matmul), the same at every call."""
-    weights: tuple  # W0, W1, W2 (PTR; absent: 0)
+    weights: tuple  # W0, W1, W2 (absent: 0)
     x16_weights: tuple  # the same, then the int16 scratch's xq and xds
-    rows: tuple  # rows0, rows1, rows2 (INT; absent: 0), then n_cols
-    absent: tuple  # PTR(0) for each absent weight's product
+    rows: tuple  # rows0, rows1, rows2 (absent: 0), then n_cols
+    absent: tuple  # 0 for each absent weight's product
     n_rows: list[int]
     units: tuple[int, int, int]  # blocks over all rows: int16 passes (2 rows), one token (4), the GEMM (32)
 
@@ -328,7 +327,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             table_ptr = self._ready(table)
         ids = self._upload_ints("tokens", tokens)
         self.device.launch(f"get_rows_{kernel_suffix(table.ggml_type)}", (len(tokens),), 128,
-                           (PTR(table_ptr), PTR(ids), PTR(out.ptr), INT(table.n_cols), INT(len(tokens))))
+                           (table_ptr, ids, out.ptr, table.n_cols, len(tokens)))
         return out
 
     def rms_norm(self, x: Tensor, weight: Weight, eps: float) -> Tensor:
@@ -339,18 +338,18 @@ class CudaOps(ExpertOps, DeltaNetOps):
         # rows only, whose one block each would leave most SMs idle
         splits = d // 1024 if d % 1024 == 0 and x.rows <= MATVEC_MAX_TOKENS else 1
         self.device.launch("norm_f32", (x.rows * x.cols // d, splits), block,
-                           (PTR(x.ptr), PTR(self._ready(weight)), PTR(out.ptr), INT(d), F32(eps))
-                           + (self._x16_beside(out) if d == x.cols else (PTR(0), PTR(0))))
+                           (x.ptr, self._ready(weight), out.ptr, d, eps)
+                           + (self._x16_beside(out) if d == x.cols else (0, 0)))
         return out
 
-    def _x16_beside(self, out: Tensor) -> tuple[PTR, PTR]:
+    def _x16_beside(self, out: Tensor) -> tuple[int, int]:
         """Where the kernel making `out` also writes its int16 blocks (kernels/x16.cuh), which the
         matvec reading it next then takes instead of quantizing it again (one launch fewer); (0, 0),
         nothing, past one pass of tokens, where the GEMMs read x itself."""
         if out.rows <= MATVEC_MAX_TOKENS and out.cols % 32 == 0 and out.cols <= self._x16_width:
             self._x16_of = (out, out.rows * out.cols)
-            return PTR(self._xq), PTR(self._xds)
-        return PTR(0), PTR(0)
+            return self._xq, self._xds
+        return 0, 0
 
     def matmul(self, x: Tensor, weight: Weight, add: Tensor | None = None) -> Tensor:
         return self._matmul(x, (weight,), self._path(x, weight), add)[0]
@@ -391,11 +390,11 @@ class CudaOps(ExpertOps, DeltaNetOps):
             return [self._matmul_one(x, group[0], path, add)]
         f = self._fused.get(tuple(group)) or self._fuse(group)
         outs = [self._new(x.rows, r) for r in f.n_rows]
-        ys = (*[PTR(o.ptr) for o in outs], *f.absent, PTR(add.ptr) if add is not None else NO_PTRS[0])
+        ys = (*[o.ptr for o in outs], *f.absent, add.ptr if add is not None else 0)
         suffix, dev = kernel_suffix(group[0].ggml_type), self.device
         if path == "blocks":  # kernels/gemm.cu: 32 rows x 32 tokens a block, straight from the GGUF blocks
             dev.launch(f"gemm_{suffix}", (f.units[2], -(-x.rows // 32)), 256,
-                       (*f.weights, PTR(x.ptr), *ys, *f.rows, INT(x.rows)))
+                       (*f.weights, x.ptr, *ys, *f.rows, x.rows))
             return outs
         # kernels/matvec_x16.cu: x to int16 blocks (unless the op that made x wrote them), then 2 rows a block (one
         # token: 4), a warp per 1,024 columns (32 units), at most 4; a pass of 8 tokens a blockIdx.y
@@ -403,24 +402,23 @@ class CudaOps(ExpertOps, DeltaNetOps):
         # q, k, v (gate, up) share one x: quantized once. A tensor is final once the op making it
         # returns, and holding it keeps its buffer's address from any other tensor.
         if self._x16_of != (x, n):
-            dev.launch("quantize_x16", (-(-n // 1024),), 256, (PTR(x.ptr), PTR(self._xq), PTR(self._xds), INT(n)))
+            dev.launch("quantize_x16", (-(-n // 1024),), 256, (x.ptr, self._xq, self._xds, n))
             self._x16_of = (x, n)
         threads = 32 * min(4, -(-n_cols // 1024))
         args = (*f.x16_weights, *ys, *f.rows)
         if x.rows == 1:
             grid = min(f.units[1], DECODE_BLOCKS_PER_SM * dev.info.multiprocessors)
             ahead = DECODE_PREFETCH_BYTES if dev.overlap_launches else 0  # eager launches wait for nothing
-            dev.launch(f"matvec_x16_1_{suffix}", (grid,), threads, args + (INT(ahead),))
+            dev.launch(f"matvec_x16_1_{suffix}", (grid,), threads, args + (ahead,))
         else:
-            dev.launch(f"matvec_x16_{suffix}", (f.units[0], -(-x.rows // MATVEC_MAX_TOKENS)), threads, args + (INT(x.rows),))
+            dev.launch(f"matvec_x16_{suffix}", (f.units[0], -(-x.rows // MATVEC_MAX_TOKENS)), threads, args + (x.rows,))
         return outs
 
     def _fuse(self, group: Sequence[Weight]) -> Fused:
         """The group's arguments, kept: taken once its weights have arrived, they never change."""
         absent, rows = MAX_FUSED - len(group), [w.n_rows for w in group]
-        weights = (*[PTR(self._ready(w)) for w in group], *NO_PTRS[:absent])
-        f = Fused(weights, (*weights, PTR(self._xq), PTR(self._xds)), (*map(INT, rows), *NO_ROWS[:absent], INT(group[0].n_cols)),
-                  NO_PTRS[:absent], rows, tuple(sum(-(-r // per) for r in rows) for per in (2, X16_DECODE_ROWS, 32)))
+        weights = (*[self._ready(w) for w in group], *(0,) * absent)
+        f = Fused(weights, (*weights, self._xq, self._xds), (*rows, *(0,) * absent, group[0].n_cols), (0,) * absent, rows, tuple(sum(-(-r // per) for r in rows) for per in (2, X16_DECODE_ROWS, 32)))
         self._fused[tuple(group)] = f
         return f
 
@@ -434,7 +432,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         # kernels/matvec.cu: 2 rows a block, a warp per 512 columns (32 pieces), at most 4
         n_rows, n_cols = weight.n_rows, weight.n_cols
         self.device.launch(f"matvec_{suffix}", (-(-n_rows // 2), -(-x.rows // MATVEC_MAX_TOKENS)), 32 * min(4, -(-n_cols // 512)),
-                           (PTR(w), PTR(x.ptr), PTR(out.ptr), INT(n_rows), INT(n_cols), INT(x.rows)))
+                           (w, x.ptr, out.ptr, n_rows, n_cols, x.rows))
         return out if add is None else self.add(add, out)
 
     def _matmul_f16(self, x: Tensor, weight: Weight, out: Tensor, suffix: str, add: Tensor | None) -> None:
@@ -443,23 +441,22 @@ class CudaOps(ExpertOps, DeltaNetOps):
         columns of out (add's summed in); repeated until every row is done."""
         dev, k, t = self.device, weight.n_cols, x.rows
         if self._xh_of is not x:
-            dev.launch("to_f16", (-(-t * k // 1024),), 256, (PTR(x.ptr), PTR(self._xh), I64(t * k)))
+            dev.launch("to_f16", (-(-t * k // 1024),), 256, (x.ptr, self._xh, t * k))
             self._xh_of = x
         step = max(2, self._w16_bytes // (2 * k) // 2 * 2)  # even: out's float2 stores stay 8-byte aligned
         for r0 in range(0, weight.n_rows, step):
             rows = min(step, weight.n_rows - r0)
-            dev.launch(f"dequant_f16_{suffix}", (-(-rows * (k // 32) // 256),), 256,
-                       (PTR(weight.ptr), PTR(self._w16), INT(r0), INT(rows), INT(k)))
+            dev.launch(f"dequant_f16_{suffix}", (-(-rows * (k // 32) // 256),), 256, (weight.ptr, self._w16, r0, rows, k))
             big = -(-rows // 128) * -(-t // 128) >= dev.info.multiprocessors
             tile = 128 if big else 64
             dev.launch(f"gemm_f16_{tile}", (-(-rows // tile), -(-t // tile)), 256 if big else 128,
-                       (PTR(self._w16), PTR(self._xh), PTR(out.ptr + 4 * r0), PTR(add.ptr + 4 * r0 if add is not None else 0),
-                        INT(rows), INT(k), INT(t), INT(weight.n_rows)))
+                       (self._w16, self._xh, out.ptr + 4 * r0, add.ptr + 4 * r0 if add is not None else 0,
+                        rows, k, t, weight.n_rows))
 
     def _elementwise(self, kernel: str, a: Tensor, b: Tensor) -> Tensor:
         out = self._new(a.rows, a.cols)
         n = a.rows * a.cols
-        self.device.launch(kernel, (-(-n // 256),), 256, (PTR(a.ptr), PTR(b.ptr), PTR(out.ptr), I64(n)))
+        self.device.launch(kernel, (-(-n // 256),), 256, (a.ptr, b.ptr, out.ptr, n))
         return out
 
     def add(self, a: Tensor, b: Tensor) -> Tensor:
@@ -468,8 +465,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
     def swiglu(self, gate: Tensor, up: Tensor) -> Tensor:
         out = self._new(gate.rows, gate.cols)
         n = gate.rows * gate.cols
-        self.device.launch("swiglu_f32", (-(-n // 256),), 256,
-                           (PTR(gate.ptr), PTR(up.ptr), PTR(out.ptr), I64(n)) + self._x16_beside(out))
+        self.device.launch("swiglu_f32", (-(-n // 256),), 256, (gate.ptr, up.ptr, out.ptr, n) + self._x16_beside(out))
         return out
 
     def rope(self, x: Tensor, positions: Sequence[int], head_dim: int, rope: Rope, freq_factors: Weight | None = None,
@@ -481,13 +477,13 @@ class CudaOps(ExpertOps, DeltaNetOps):
             self._positions = (positions, self._upload_ints("positions", positions))
         out = self._new(x.rows, x.cols)
         block = min(256, 32 * -(-(rope.n_rot // 2) // 32))
-        args = (PTR(x.ptr), PTR(out.ptr), PTR(self._positions[1]), PTR(self._ready(freq_factors) if freq_factors else 0),
-                INT(head_dim), INT(rope.n_rot), INT(rope.mode is RopeMode.NEOX), F64(rope.base), F64(rope.freq_scale))
+        args = (x.ptr, out.ptr, self._positions[1], self._ready(freq_factors) if freq_factors else 0,
+                head_dim, rope.n_rot, rope.mode is RopeMode.NEOX, rope.base, rope.freq_scale)
         if yarn:
             self.device.launch("rope_yarn_f32", (x.rows, x.cols // head_dim), block, args + yarn_args(rope))
         else:
             norm_w, eps = (self._ready(norm[0]), norm[1]) if norm else (0, 0.0)
-            self.device.launch("rope_f32", (x.rows, x.cols // head_dim), block, args + (PTR(norm_w), F32(eps)))
+            self.device.launch("rope_f32", (x.rows, x.cols // head_dim), block, args + (norm_w, eps))
         return out
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: KVCache, layer: int, batch: Batch,
@@ -497,27 +493,26 @@ class CudaOps(ExpertOps, DeltaNetOps):
             self._segments = self._upload_ints("segments", batch.segments)
             self._start = self._upload_ints("start", [batch.start])
         dk, dv = k.cols // n_kv_heads, v.cols // n_kv_heads
-        dev.launch("kv_store", (t,), 256, (PTR(k.ptr), PTR(v.ptr), PTR(cache.k[layer]), PTR(cache.v[layer]),
-                                           PTR(cache.segments), PTR(self._segments), PTR(self._start), INT(t),
-                                           INT(k.cols), INT(v.cols)))
+        dev.launch("kv_store", (t,), 256, (k.ptr, v.ptr, cache.k[layer], cache.v[layer], cache.segments, self._segments,
+                                           self._start, t, k.cols, v.cols))
         out = self._new(t, n_heads * dv)
-        args = (PTR(q.ptr), PTR(cache.k[layer]), PTR(cache.v[layer]), PTR(cache.segments), PTR(self._segments),
-                PTR(out.ptr), PTR(self._start), INT(t), INT(n_heads), INT(n_kv_heads), INT(dk), INT(dv), F32(scale))
+        args = (q.ptr, cache.k[layer], cache.v[layer], cache.segments, self._segments,
+                out.ptr, self._start, t, n_heads, n_kv_heads, dk, dv, scale)
         if t >= PREFILL_ATTENTION_MIN_TOKENS and dk == dv and dk in (64, 128):
             dev.launch("attention_prefill", (-(-t // 64), n_heads), 128, args)
         else:  # decode and short batches: blocks per (query, head) split the slots, a fixed grid for graph replays
             splits = max(1, min(ATTENTION_MAX_SPLITS, -(-cache.shape.capacity // ATTENTION_SPLIT_SLOTS),
                                 ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
-            dev.launch("attention", (t, n_heads, splits), 128, args + (PTR(self._partials),))
+            dev.launch("attention", (t, n_heads, splits), 128, args + (self._partials,))
             if splits > 1:
-                dev.launch("attention_combine", (t, n_heads), 128, (PTR(self._partials), PTR(out.ptr), INT(t), INT(splits), INT(dv))
-                           + (self._x16_beside(out) if dv % 32 == 0 else (PTR(0), PTR(0))))
+                dev.launch("attention_combine", (t, n_heads), 128, (self._partials, out.ptr, t, splits, dv)
+                           + (self._x16_beside(out) if dv % 32 == 0 else (0, 0)))
         return out
 
     def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:
         out = self._new(len(rows), x.cols)
         ptr = self._upload_ints("rows", rows)
-        self.device.launch("take_rows_f32", (len(rows),), 256, (PTR(x.ptr), PTR(ptr), PTR(out.ptr), INT(x.cols)))
+        self.device.launch("take_rows_f32", (len(rows),), 256, (x.ptr, ptr, out.ptr, x.cols))
         return out
 
     def to_host(self, x: Tensor):
@@ -542,9 +537,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         rows = self._upload_ints("rows", [r for r, _ in pairs])
         tokens = self._upload_ints("pairs", [t for _, t in pairs])
         dev = self.device
-        dev.launch("row_logsumexp", (logits.rows,), 1024, (PTR(logits.ptr), INT(logits.cols), PTR(lse)))
-        dev.launch("gather_logprobs", (-(-n // 256),), 256, (PTR(logits.ptr), INT(logits.cols), PTR(rows), PTR(tokens),
-                                                          PTR(lse), INT(n), PTR(out)))
+        dev.launch("row_logsumexp", (logits.rows,), 1024, (logits.ptr, logits.cols, lse))
+        dev.launch("gather_logprobs", (-(-n // 256),), 256, (logits.ptr, logits.cols, rows, tokens, lse, n, out))
         host = (ctypes.c_double * n)()
         dev.download(ctypes.addressof(host), out, 8 * n)
         return list(host)
@@ -554,8 +548,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
             raise ReflexError(f"internal error: top {k} log-probabilities of a {logits.cols}-token row (1..{TOP_K_MAX})")
         x, dev, lse = logits.row(row), self.device, self._f64
         ids_at, values_at, stats_at = self._top, self._top + 4 * TOP_K_MAX, self._top + 8 * TOP_K_MAX
-        dev.launch("row_logsumexp", (1,), 1024, (PTR(x), INT(logits.cols), PTR(lse)))
-        dev.launch("top_k", (1,), 1024, (PTR(x), INT(logits.cols), INT(k), PTR(ids_at), PTR(values_at), PTR(stats_at)))
+        dev.launch("row_logsumexp", (1,), 1024, (x, logits.cols, lse))
+        dev.launch("top_k", (1,), 1024, (x, logits.cols, k, ids_at, values_at, stats_at))
         ids, values, total = (ctypes.c_int32 * k)(), (ctypes.c_float * k)(), ctypes.c_double()
         dev.download(ctypes.addressof(ids), ids_at, 4 * k)
         dev.download(ctypes.addressof(values), values_at, 4 * k)
@@ -604,9 +598,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 kt = self._rows_from_host(parts[0][0], a, rows)
                 vt = self._rows_from_host(parts[1][0], a, rows) if len(parts) > 1 else kt  # latent: no value rows
                 segs, start = self._upload_ints("segments", [0] * rows), self._upload_ints("start", [a])
-                dev.launch("kv_store", (rows,), 256, (PTR(kt.ptr), PTR(vt.ptr), PTR(cache.k[i]), PTR(cache.v[i]),
-                                                      PTR(cache.segments), PTR(segs), PTR(start), INT(rows),
-                                                      INT(shape.k_width), INT(0 if shape.latent else shape.v_width)))
+                dev.launch("kv_store", (rows,), 256, (kt.ptr, vt.ptr, cache.k[i], cache.v[i], cache.segments, segs, start,
+                                                      rows, shape.k_width, 0 if shape.latent else shape.v_width))
                 del kt, vt
         if n_tokens:
             dev.drv.cuMemsetD32Async(cache.segments, 0, n_tokens, dev.stream)

@@ -16,7 +16,6 @@ import random
 from ...errors import ReflexError
 from ...kvstate import restorable, sampler_state
 from ...sampling import SamplingParams, candidate_distribution
-from .device import F32, INT, PTR
 from .memory import Tensor
 from .ops import TOP_K_MAX, CudaOps
 
@@ -47,14 +46,14 @@ class CudaSampler:
         n_allowed = n_vocab if mask is None else self._mask(row, n_vocab, mask)
         out = self.ops._top
         if p.temperature == 0:
-            dev.launch("argmax_rows", (1,), 1024, (PTR(row), INT(n_vocab), PTR(out)))
+            dev.launch("argmax_rows", (1,), 1024, (row, n_vocab, out))
             best = ctypes.c_int32()
             dev.download(ctypes.addressof(best), out, 4)
             return [best.value], [1.0]
         # the masked tokens sort last (-inf, as the CPU sampler's): only the allowed ones are candidates
         k = min(n_allowed, p.top_k if 0 < p.top_k <= TOP_K_MAX else TOP_K_MAX)
         ids_at, vals_at, stats_at = out, out + 4 * TOP_K_MAX, out + 8 * TOP_K_MAX
-        dev.launch("top_k", (1,), 1024, (PTR(row), INT(n_vocab), INT(k), PTR(ids_at), PTR(vals_at), PTR(stats_at)))
+        dev.launch("top_k", (1,), 1024, (row, n_vocab, k, ids_at, vals_at, stats_at))
         host = (ctypes.c_int32 * (2 * TOP_K_MAX + 4))()
         dev.download(ctypes.addressof(host), out, ctypes.sizeof(host))
         ids = list(host[:k])
@@ -81,7 +80,7 @@ class CudaSampler:
             raise ReflexError("internal error: the constraint allows no token")
         dev, slot = self.ops.device, self.ops._ints["mask"]
         dev.upload(slot, ctypes.addressof(host), ctypes.sizeof(host))
-        dev.launch("mask_logits", (-(-n_vocab // 256),), 256, (PTR(row), PTR(slot), INT(n_vocab)))
+        dev.launch("mask_logits", (-(-n_vocab // 256),), 256, (row, slot, n_vocab))
         return n_allowed
 
     def _penalize(self, row: int, history) -> None:
@@ -91,7 +90,7 @@ class CudaSampler:
         recent = sorted(set(history[-p.repeat_last_n:]))
         ids = self.ops._upload_ints("history", recent)
         self.ops.device.launch("apply_penalties", (-(-len(recent) // 256),), 256,
-                               (PTR(row), PTR(ids), INT(len(recent)), F32(p.repeat_penalty), F32(p.presence_penalty)))
+                               (row, ids, len(recent), p.repeat_penalty, p.presence_penalty))
 
     # -- KV state files (kvstate.py): a resumed seeded run draws what this one would have --------
 

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from ...errors import ReflexError
 from . import driver as cu
-from .device import INT, PTR, Device
+from .device import Device
 
 N = 4096
 
@@ -26,7 +26,7 @@ def smoke(device: Device | None = None) -> SmokeResult:
     y = (ctypes.c_float * N)(*([float("nan")] * N))  # poisoned: every element must be written
     d_x, d_y = dev.alloc(4 * N), dev.alloc(4 * N)
     dev.upload(d_x, ctypes.addressof(x), 4 * N)
-    dev.launch("smoke", (-(-N // 256),), 256, (PTR(d_x), PTR(d_y), INT(N)))
+    dev.launch("smoke", (-(-N // 256),), 256, (d_x, d_y, N))
     dev.download(ctypes.addressof(y), d_y, 4 * N)
     wrong = [i for i in range(N) if y[i] != ctypes.c_float(2.0 * x[i] + i).value]
     if wrong:

@@ -1,0 +1,117 @@
+"""Kernel arguments as Device.launch packs them: one buffer through cuLaunchKernel's `extra`, laid
+out by the kernel's own parameter table (cuFuncGetParamInfo) or, where the driver has none, as the
+C ABI lays it out. Checked without a GPU: the fake libcuda (tools/fake_libcuda.py) reads each
+kernel's table from its C signature in kernels/*.cu and checks every launch's buffer against it."""
+import struct
+
+import pytest
+
+import reflex_engine
+from reflex_engine.backends.cuda import driver
+from reflex_engine.backends.cuda.device import Device
+from reflex_engine.backends.cuda.params import FAMILIES, KERNELS, param_format
+from reflex_engine.errors import ReflexError
+from reflex_engine.sampling import SamplingParams
+from fake_libcuda import kernel_formats
+from test_cuda_errors import fake  # noqa: F401 (a fixture)
+from test_goldens import paths
+
+SOURCE = kernel_formats()
+GREEDY = SamplingParams(temperature=0)
+
+
+def test_every_kernel_in_the_source_has_its_c_signature_in_params_py():
+    assert len(SOURCE) > 130 and SOURCE["matvec_x16_1_q6_K"] == "PPPPPPPPPiiiii" and SOURCE["to_f16"] == "PPq"
+    wrong = {name: (param_format(name), fmt) for name, fmt in SOURCE.items() if param_format(name) != fmt}
+    assert not wrong, f"params.py (first) disagrees with kernels/*.cu (second): {wrong}"
+    assert not set(KERNELS) - set(SOURCE), "params.py names kernels kernels/*.cu lacks"
+    assert all(any(name.startswith(f + "_") for name in SOURCE) for f in FAMILIES)
+
+
+def generations(model, lengths=(1, 5, 16, 40, 70, 130)):
+    for n in lengths:
+        ids = [(7 * i + n) % model.config.n_vocab for i in range(n)]
+        list(model.generate(ids, max_tokens=3, sampling=GREEDY, ignore_eos=True))
+    sampled = SamplingParams(temperature=0.8, top_k=5, seed=1, repeat_penalty=1.2, presence_penalty=0.5)
+    list(model.generate([1, 2, 3], max_tokens=2, sampling=sampled, ignore_eos=True, top_logprobs=2))
+
+
+@pytest.mark.parametrize("arch,qtype", [("qwen3", "Q4_K"), ("qwen35", "Q8_0"), ("qwen3moe", "Q8_0"),
+                                        ("deepseek2", "Q8_0")])
+@pytest.mark.parametrize("graphs", ["1", "0"])
+def test_every_launch_passes_one_buffer_the_size_of_its_kernels_parameters(fake, monkeypatch, arch, qtype, graphs):  # noqa: F811
+    """Prompts that take every matmul and attention path, decode steps eager or captured (those
+    through cuLaunchKernelEx), sampling with penalties and log-probabilities: the fake refuses any
+    launch whose buffer is not its kernel's size, and each launch's letters are the C signature's."""
+    monkeypatch.setenv("REFLEX_CUDA_GRAPHS", graphs)
+    lib = fake()
+    lib.launches = []
+    model = reflex_engine.load(paths(arch, qtype)[0], device="cuda")
+    generations(model)
+    launched = {name for name, *_ in lib.launches}
+    assert len(launched) > 15 and any(ex for *_, ex, _ in lib.launches) == (graphs == "1")
+    assert {name: k.fmt for name, k in model.ops.device._kernels.items()} == {name: SOURCE[name] for name in launched}
+
+
+def recorded(fake, **machine):  # noqa: F811
+    lib = fake(**machine)
+    lib.launches = []
+    model = reflex_engine.load(paths("qwen3", "Q4_K")[0], device="cuda")
+    generations(model, lengths=(16, 40))
+    return lib.launches
+
+
+@pytest.mark.parametrize("machine", [dict(param_info=False), dict(param_info_error=801)])
+def test_a_driver_without_parameter_tables_gets_the_same_bytes(fake, machine):  # noqa: F811
+    """A driver older than CUDA 12.4 (no cuFuncGetParamInfo), or one that will not answer: the
+    natural layout, which is what the kernels' tables say."""
+    assert recorded(fake, **machine) == recorded(fake)
+
+
+def device(fake, **machine):  # noqa: F811
+    lib = fake(**machine)
+    return lib, Device(driver.Driver(driver.load_library()))
+
+
+def test_the_buffer_follows_the_drivers_offsets_and_pads_as_c(fake):  # noqa: F811
+    lib, dev = device(fake)
+    lib.launches = []
+    dev.launch("rope_f32", (1,), 32, (1, 2, 3, 0, 128, 64, True, 1e6, 0.5, 4, 1e-6))
+    k = dev._kernels["rope_f32"]
+    assert k.size.value == 76  # 4 pointers, 3 ints, 4 bytes of padding, 2 doubles at 48 and 56, a pointer, a float
+    assert bytes(dev._args)[48:64] == struct.pack("<dd", 1e6, 0.5)
+    assert lib.launches[0][-1][-1] == struct.pack("<f", 1e-6)
+    lib.layouts["smoke"] = [(0, 8), (16, 8), (24, 4)]  # a table with a gap: its offsets, not the natural ones
+    dev.launch("smoke", (1,), 32, (1, 2, 3))
+    assert dev._kernels["smoke"].size.value == 28 and lib.launches[1][-1] == (struct.pack("<Q", 1), struct.pack("<Q", 2),
+                                                                             struct.pack("<i", 3))
+
+
+def test_a_kernel_that_takes_other_parameters_is_an_error_naming_it(fake):  # noqa: F811
+    lib, dev = device(fake)
+    lib.formats["add_f32"] = "PPPi"  # an image whose add_f32 takes an int where Reflex passes an int64
+    with pytest.raises(ReflexError, match=r"^kernel add_f32 takes 4 parameters of \[8, 8, 8, 4\] bytes .* Reflex passes 4 \(PPPq\)"):
+        dev.launch("add_f32", (1,), 256, (1, 2, 3, 4))
+    lib.formats["swiglu_f32"], lib.formats["smoke"] = "PPPqP", "PPii"  # one parameter fewer, one more
+    with pytest.raises(ReflexError, match=r"^kernel swiglu_f32 takes 5 parameters"):
+        dev.launch("swiglu_f32", (1,), 256, (1, 2, 3, 4, 5, 6))
+    with pytest.raises(ReflexError, match=r"^kernel smoke takes 4 parameters"):
+        dev.launch("smoke", (1,), 256, (1, 2, 3))
+
+
+@pytest.mark.parametrize("args, why", [((1, 2, 3), "expected 4 items"), ((1, 2, 3, 4, 5), "expected 4 items"),
+                                       ((1, 2, 3, 4.0), "not an integer"), ((1, None, 3, 4), "not an integer"),
+                                       ((-1, 2, 3, 4), "out of range")])
+def test_arguments_that_do_not_fit_are_an_error_not_a_launch(fake, args, why):  # noqa: F811
+    """A float for an int is refused, not reinterpreted; so are a wrong count and a negative pointer."""
+    lib, dev = device(fake)
+    lib.launches = []
+    with pytest.raises(ReflexError, match=rf"^internal error: kernel take_rows_f32's arguments .* do not fit its parameters PPPi: .*{why}"):
+        dev.launch("take_rows_f32", (1,), 256, args)
+    assert lib.launches == []
+
+
+def test_an_unknown_kernel_is_an_error(fake):  # noqa: F811
+    _, dev = device(fake)
+    with pytest.raises(ReflexError, match="kernel no_such_kernel is not in backends/cuda/params.py"):
+        dev.launch("no_such_kernel", (1,), 32, ())
