@@ -78,14 +78,17 @@ class Weight(NamedTuple):
         return self.shape[1] if len(self.shape) > 1 else 1
 
 
-class Fused(NamedTuple):
-    """What the fused kernels take of a group of weights (ops.py _matmul), the same at every call."""
-    weights: tuple  # W0, W1, W2 (absent: 0)
-    x16_weights: tuple  # the same, then the int16 scratch's xq and xds
-    rows: tuple  # rows0, rows1, rows2 (absent: 0), then n_cols
+class Group(NamedTuple):
+    """A run of weights that one launch multiplies with the same x (ops.py _plan): its kernel and
+    every argument that does not change between calls, made once."""
+    path: str  # "x16" or "blocks" (FUSED_PATHS)
+    kernel: str
+    units: int  # blocks over all the rows (the one-token matvec: before the grid's cap)
+    threads: int
+    weights: tuple  # the arguments before the products: W0, W1, W2 (absent: 0), then xq, xds for "x16"
+    rows: tuple  # after them: rows0, rows1, rows2 (absent: 0), n_cols
     absent: tuple  # 0 for each absent weight's product
     n_rows: list[int]
-    units: tuple[int, int, int]  # blocks over all rows: int16 passes (2 rows), one token (4), the GEMM (32)
 
 
 class KVCache(NamedTuple):
@@ -205,7 +208,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._xq = s.carve(x16_bytes)
         self._xds = self._xq + aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width)
         self._x16_of: tuple[Tensor, int] | None = None  # (tensor, elements) the int16 scratch holds
-        self._fused: dict[tuple[Weight, ...], Fused] = {}  # groups of weights -> their kernels' arguments
+        # (token class, the weights' addresses: carved once, never shared) -> the matmul's launches (_plan)
+        self._plans: dict[tuple[int, ...], list[Group | tuple[Weight, str]]] = {}
 
     def _regions(self, sizes: list[tuple[int, str]]) -> list[Region]:
         """One device allocation each; if one fails (memory taken since the plan's check), the
@@ -352,21 +356,36 @@ class CudaOps(ExpertOps, DeltaNetOps):
         return 0, 0
 
     def matmul(self, x: Tensor, weight: Weight, add: Tensor | None = None) -> Tensor:
-        return self._matmul(x, (weight,), self._path(x, weight), add)[0]
+        return self._matmul(x, self._plan(x, (weight,)), add)[0]
 
     def matmuls(self, x: Tensor, weights: Sequence[Weight]) -> list[Tensor]:
         """Runs of up to MAX_FUSED weights of one type that take the same kernel go as one launch
         (its grid over all their rows), the rest one by one."""
-        outs: list[Tensor] = []
-        while len(outs) < len(weights):
-            first = weights[len(outs)]
-            path, group = self._path(x, first), [first]
-            for w in weights[len(outs) + 1:len(outs) + MAX_FUSED] if path in FUSED_PATHS else ():
-                if w.ggml_type != first.ggml_type or self._path(x, w) != path:
-                    break
-                group.append(w)
-            outs += self._matmul(x, group, path)
-        return outs
+        return self._matmul(x, self._plan(x, weights))
+
+    def _plan(self, x: Tensor, weights: Sequence[Weight]) -> list[Group | tuple[Weight, str]]:
+        """The launches of x times the weights: a Group for each run that shares a kernel, (weight,
+        path) where one goes alone. Made once per class of token counts (those _path tells
+        apart) and kept."""
+        t = x.rows
+        tokens = 1 if t == 1 else 2 if t <= MATVEC_MAX_TOKENS else 3 if t <= MATVEC_PASSES_MAX_TOKENS else 4 if t < F16_GEMM_MIN_TOKENS else 5
+        key = (tokens, *[w.ptr for w in weights])
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = []
+            i = 0
+            while i < len(weights):
+                first = weights[i]
+                if x.cols != first.n_cols:
+                    raise ReflexError(f"internal error: matmul of width {x.cols} with a weight of {first.n_cols} columns")
+                path, group = self._path(x, first), [first]
+                for w in weights[i + 1:i + MAX_FUSED] if path in FUSED_PATHS else ():
+                    if w.ggml_type != first.ggml_type or w.n_cols != first.n_cols or self._path(x, w) != path:
+                        break
+                    group.append(w)
+                plan.append(self._group(group, path, t) if path in FUSED_PATHS else (first, path))
+                i += len(group)
+        return plan
 
     def _path(self, x: Tensor, weight: Weight) -> str:
         """Which kernels multiply x with the weight: "x16" (int16 matvec passes), "float" (float
@@ -380,47 +399,45 @@ class CudaOps(ExpertOps, DeltaNetOps):
             return "f16"
         return "blocks"
 
-    def _matmul(self, x: Tensor, group: Sequence[Weight], path: str, add: Tensor | None = None) -> list[Tensor]:
-        """x times each weight of the group (one type, all taking `path`; several only where
-        FUSED_PATHS), add summed into the one product there is where given."""
-        n_cols = group[0].n_cols
-        if x.cols != n_cols:
-            raise ReflexError(f"internal error: matmul of width {x.cols} with a weight of {n_cols} columns")
-        if path not in FUSED_PATHS:
-            return [self._matmul_one(x, group[0], path, add)]
-        f = self._fused.get(tuple(group)) or self._fuse(group)
-        outs = [self._new(x.rows, r) for r in f.n_rows]
-        ys = (*[o.ptr for o in outs], *f.absent, add.ptr if add is not None else 0)
-        suffix, dev = kernel_suffix(group[0].ggml_type), self.device
+    def _group(self, group: list[Weight], path: str, n_tok: int) -> Group:
+        """A run's launch: made when the run is first multiplied, once its weights have arrived."""
+        absent, rows, n_cols = MAX_FUSED - len(group), [w.n_rows for w in group], group[0].n_cols
+        weights, suffix = (*[self._ready(w) for w in group], *(0,) * absent), kernel_suffix(group[0].ggml_type)
         if path == "blocks":  # kernels/gemm.cu: 32 rows x 32 tokens a block, straight from the GGUF blocks
-            dev.launch(f"gemm_{suffix}", (f.units[2], -(-x.rows // 32)), 256,
-                       (*f.weights, x.ptr, *ys, *f.rows, x.rows))
-            return outs
-        # kernels/matvec_x16.cu: x to int16 blocks (unless the op that made x wrote them), then 2 rows a block (one
-        # token: 4), a warp per 1,024 columns (32 units), at most 4; a pass of 8 tokens a blockIdx.y
-        n = x.rows * n_cols
-        # q, k, v (gate, up) share one x: quantized once. A tensor is final once the op making it
-        # returns, and holding it keeps its buffer's address from any other tensor.
-        if self._x16_of != (x, n):
-            dev.launch("quantize_x16", (-(-n // 1024),), 256, (x.ptr, self._xq, self._xds, n))
-            self._x16_of = (x, n)
-        threads = 32 * min(4, -(-n_cols // 1024))
-        args = (*f.x16_weights, *ys, *f.rows)
-        if x.rows == 1:
-            grid = min(f.units[1], DECODE_BLOCKS_PER_SM * dev.info.multiprocessors)
-            ahead = DECODE_PREFETCH_BYTES if dev.overlap_launches else 0  # eager launches wait for nothing
-            dev.launch(f"matvec_x16_1_{suffix}", (grid,), threads, args + (ahead,))
-        else:
-            dev.launch(f"matvec_x16_{suffix}", (f.units[0], -(-x.rows // MATVEC_MAX_TOKENS)), threads, args + (x.rows,))
-        return outs
+            kernel, per, threads = f"gemm_{suffix}", 32, 256
+        else:  # kernels/matvec_x16.cu: 2 rows a block (one token: 4), a warp per 1,024 columns (32 units), at most 4
+            kernel, per = (f"matvec_x16_1_{suffix}", X16_DECODE_ROWS) if n_tok == 1 else (f"matvec_x16_{suffix}", 2)
+            weights, threads = (*weights, self._xq, self._xds), 32 * min(4, -(-n_cols // 1024))
+        return Group(path, kernel, sum(-(-r // per) for r in rows), threads, weights, (*rows, *(0,) * absent, n_cols),
+                     (0,) * absent, rows)
 
-    def _fuse(self, group: Sequence[Weight]) -> Fused:
-        """The group's arguments, kept: taken once its weights have arrived, they never change."""
-        absent, rows = MAX_FUSED - len(group), [w.n_rows for w in group]
-        weights = (*[self._ready(w) for w in group], *(0,) * absent)
-        f = Fused(weights, (*weights, self._xq, self._xds), (*rows, *(0,) * absent, group[0].n_cols), (0,) * absent, rows, tuple(sum(-(-r // per) for r in rows) for per in (2, X16_DECODE_ROWS, 32)))
-        self._fused[tuple(group)] = f
-        return f
+    def _matmul(self, x: Tensor, plan: list[Group | tuple[Weight, str]], add: Tensor | None = None) -> list[Tensor]:
+        """The plan's launches; add summed into the one product there is where given."""
+        outs: list[Tensor] = []
+        dev = self.device
+        for g in plan:
+            if type(g) is not Group:
+                outs.append(self._matmul_one(x, *g, add))
+                continue
+            ys = [self._new(x.rows, r) for r in g.n_rows]
+            products = (*[y.ptr for y in ys], *g.absent, add.ptr if add is not None else 0)
+            outs += ys
+            if g.path == "blocks":
+                dev.launch(g.kernel, (g.units, -(-x.rows // 32)), g.threads, (*g.weights, x.ptr, *products, *g.rows, x.rows))
+                continue
+            # x to int16 blocks, unless the op that made x wrote them or a matmul before took the same x:
+            # a tensor is final once the op making it returns, and holding it keeps its buffer's address
+            n = x.rows * x.cols
+            if self._x16_of != (x, n):
+                dev.launch("quantize_x16", (-(-n // 1024),), 256, (x.ptr, self._xq, self._xds, n))
+                self._x16_of = (x, n)
+            if x.rows == 1:
+                grid = min(g.units, DECODE_BLOCKS_PER_SM * dev.info.multiprocessors)
+                ahead = DECODE_PREFETCH_BYTES if dev.overlap_launches else 0  # eager launches wait for nothing
+                dev.launch(g.kernel, (grid,), g.threads, (*g.weights, *products, *g.rows, ahead))
+            else:
+                dev.launch(g.kernel, (g.units, -(-x.rows // MATVEC_MAX_TOKENS)), g.threads, (*g.weights, *products, *g.rows, x.rows))
+        return outs
 
     def _matmul_one(self, x: Tensor, weight: Weight, path: str, add: Tensor | None) -> Tensor:
         """The kernels that take one weight: the float matvec passes and the long-prompt GEMM."""
