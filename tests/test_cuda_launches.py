@@ -1,7 +1,8 @@
 """Which kernels a pass launches on the CUDA backend, counted below the binding (test_cuda_errors.py's
 fake libcuda; everything above it is real): weights reading one x share a launch where they take
-one kernel (q, k and v; gate and up), on the tiny Qwen3 fixture (2 layers of 256: q 256 rows, k and v
-128 each, gate, up and down 256, the tied head 384, all Q4_K)."""
+one kernel (q, k and v; gate and up), and a short prompt's attention needs no merge. On the tiny
+Qwen3 fixture: 2 layers of 256, q 256 rows, k and v 128 each, gate, up and down 256, the tied head
+384, all Q4_K."""
 from collections import Counter
 
 import pytest
@@ -41,6 +42,8 @@ def test_a_prompt_pass_shares_launches_between_weights_of_one_kernel(record):
     # 16 tokens: the short-prompt GEMM for q, o, gate + up (one launch) and down; k + v (128 rows each,
     # the passes at any length) one launch; the head for the last token alone
     assert matmul_launches(names) == {"gemm_q4_K": 2 * 4, "matvec_x16_q4_K": 2 * 1, "matvec_x16_1_q4_K": 1}
+    # its attention splits the 16 slots it reaches, not the cache's 512: one split, no merge
+    assert names.count("attention") == 2 and "attention_combine" not in names
 
 
 def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
@@ -52,3 +55,5 @@ def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
     next(steps)  # one decode step
     # one token: q + k + v, o, gate + up, down a layer, then the head
     assert matmul_launches(names) == {"matvec_x16_1_q4_K": 2 * 4 + 1}
+    # a decode step splits the whole cache (one grid for every position, as its graph replays it), then merges
+    assert names.count("attention") == names.count("attention_combine") == 2

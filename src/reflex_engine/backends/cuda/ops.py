@@ -517,8 +517,12 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 out.ptr, self._start, t, n_heads, n_kv_heads, dk, dv, scale)
         if t >= PREFILL_ATTENTION_MIN_TOKENS and dk == dv and dk in (64, 128):
             dev.launch("attention_prefill", (-(-t // 64), n_heads), 128, args)
-        else:  # decode and short batches: blocks per (query, head) split the slots, a fixed grid for graph replays
-            splits = max(1, min(ATTENTION_MAX_SPLITS, -(-cache.shape.capacity // ATTENTION_SPLIT_SLOTS),
+        else:  # decode and short batches: blocks per (query, head) split the slots
+            # a decode step's grid is fixed (the cache's capacity), so that one captured graph replays at every
+            # position and eager steps split alike; a short prompt splits the slots it reaches (16 tokens
+            # into an empty cache: one split, which writes out itself, and no merge)
+            slots = cache.shape.capacity if t == 1 else batch.start + t
+            splits = max(1, min(ATTENTION_MAX_SPLITS, -(-slots // ATTENTION_SPLIT_SLOTS),
                                 ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
             dev.launch("attention", (t, n_heads, splits), 128, args + (self._partials,))
             if splits > 1:
