@@ -1,6 +1,7 @@
 """Which kernels a pass launches on the CUDA backend, counted below the binding (test_cuda_errors.py's
 fake libcuda; everything above it is real): weights reading one x share a launch where they take
-one kernel (q, k and v; gate and up), and a short prompt's attention needs no merge. On the tiny
+one kernel (q, k and v; gate and up), q and k are rotated together, and a short prompt's attention
+needs no merge. On the tiny
 Qwen3 fixture: 2 layers of 256, q 256 rows, k and v 128 each, gate, up and down 256, the tied head
 384, all Q4_K."""
 from collections import Counter
@@ -44,6 +45,7 @@ def test_a_prompt_pass_shares_launches_between_weights_of_one_kernel(record):
     assert matmul_launches(names) == {"gemm_q4_K": 2 * 4, "matvec_x16_q4_K": 2 * 1, "matvec_x16_1_q4_K": 1}
     # its attention splits the 16 slots it reaches, not the cache's 512: one split, no merge
     assert names.count("attention") == 2 and "attention_combine" not in names
+    assert names.count("rope_f32") == 2  # q and k (each normed) in one launch a layer
 
 
 def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):

@@ -264,6 +264,24 @@ def test_rope(gpu, mode, head_dim, n_rot, factors, normed):
     np.testing.assert_allclose(got, want, rtol=1e-5 if normed else 1e-6, atol=1e-5 if normed else 1e-6)
 
 
+@pytest.mark.parametrize("normed", [False, True], ids=["ropes", "ropes-of-rms-norms"])
+def test_ropes_of_q_and_k_in_one_launch_equal_each_alone(gpu, normed):
+    """q (4 heads) and k (2 heads, another norm weight) rotated by one launch give each to the bit
+    as its own launch does, and both match the numpy reference."""
+    head_dim, positions, rope = 128, [0, 5, 77, 4000], Rope(RopeMode.NEOX, 128, 1000000.0)
+    xs = [rng.standard_normal((4, n * head_dim)).astype(np.float32) * 4 for n in (4, 2)]
+    ws = [rng.standard_normal(head_dim).astype(np.float32) for _ in xs]
+    norms_gpu = [(loaded(gpu, "n", GGMLType.F32, (head_dim,), w.tobytes()), 1e-6) if normed else None for w in ws]
+    gpu.poison()
+    tensors = [gpu.from_host(x) for x in xs]
+    together = [gpu.to_host(y) for y in gpu.ropes(tensors, positions, head_dim, rope, norms=norms_gpu)]
+    alone = [gpu.to_host(gpu.rope(host(gpu, x), positions, head_dim, rope, norm=n)) for x, n in zip(xs, norms_gpu)]
+    for x, w, a, b in zip(xs, ws, alone, together):
+        np.testing.assert_array_equal(b, a)
+        want = cpu.rope(x, positions, head_dim, rope, norm=(w, 1e-6) if normed else None)
+        np.testing.assert_allclose(b, want, rtol=1e-5, atol=1e-5)
+
+
 def test_add_swiglu_take_rows(gpu):
     a, b = (rng.standard_normal((7, 333)).astype(np.float32) * 20 for _ in range(2))
     gpu.poison()

@@ -187,6 +187,11 @@ class Ops(Protocol):
         (weight (head_dim,), eps) to RMS-normalize each head first (Qwen3's q and k norms), as
         rms_norm(x, weight, eps) would, in the same op."""
 
+    def ropes(self, xs: Sequence[Tensor], positions: Sequence[int], head_dim: int, rope: Rope,
+              freq_factors: Weight | None = None, norms: Sequence[tuple[Weight, float] | None] | None = None) -> list[Tensor]:
+        """[rope(x, ..., norm=n) for x, n in zip(xs, norms)], the same values: the q and k of one
+        batch may share a launch."""
+
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: Any, layer: int, batch: Batch,
                   n_heads: int, n_kv_heads: int, scale: float) -> Tensor:
         """Write k (T, Hkv*dk), v (T, Hkv*dv) to the cache at batch.start, then attend:

@@ -60,8 +60,7 @@ def attention(ops, w, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x, r
     """residual + attention(x)."""
     q, k, v = linears(ops, x, (lw.attn_q, lw.attn_k, lw.attn_v))  # (T, H*dk), (T, Hkv*dk), (T, Hkv*dv)
     q_norm, k_norm = ((lw.attn_q_norm, cfg.rms_eps), (lw.attn_k_norm, cfg.rms_eps)) if cfg.qk_norm else (None, None)
-    q = ops.rope(q, batch.positions, cfg.head_dim, cfg.rope, freq_factors=w.rope_freqs, norm=q_norm)  # rope(norm(q))
-    k = ops.rope(k, batch.positions, cfg.head_dim, cfg.rope, freq_factors=w.rope_freqs, norm=k_norm)
+    q, k = ops.ropes((q, k), batch.positions, cfg.head_dim, cfg.rope, freq_factors=w.rope_freqs, norms=(q_norm, k_norm))  # rope(norm(.))
     o = ops.attention(q, k, v, cache=cache, layer=layer, batch=batch,
                       n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, scale=cfg.attn_scale)  # (T, H*dv)
     return linear(ops, o, lw.attn_output, add=residual)

@@ -115,8 +115,8 @@ def gated_delta_net(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x
 def gated_attention(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x, residual):
     q_gate, k, v = linears(ops, x, (lw.attn_q, lw.attn_k, lw.attn_v))  # (T, 2*H*d), (T, Hkv*d) each
     q, gate = ops.split(q_gate, cfg.n_heads, (cfg.head_dim, cfg.head_dim))  # (T, H*d) each
-    q = ops.rope(q, batch.positions, cfg.head_dim, cfg.rope, norm=(lw.attn_q_norm, cfg.rms_eps))  # rope(norm(q))
-    k = ops.rope(k, batch.positions, cfg.head_dim, cfg.rope, norm=(lw.attn_k_norm, cfg.rms_eps))
+    q, k = ops.ropes((q, k), batch.positions, cfg.head_dim, cfg.rope,
+                     norms=((lw.attn_q_norm, cfg.rms_eps), (lw.attn_k_norm, cfg.rms_eps)))  # rope(norm(.))
     o = ops.attention(q, k, v, cache=cache, layer=layer, batch=batch,
                       n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, scale=cfg.attn_scale)  # (T, H*dv)
     return linear(ops, ops.sigmoid_gate(o, gate), lw.attn_output, add=residual)

@@ -31,11 +31,19 @@ extern "C" __global__ void norm_f32(const float* x, const float* w, float* y, in
 // Rotate the first n_rot dims of every head; NEOX pairs (i, i + n_rot/2), NORM pairs (2i, 2i+1).
 // The angle is computed in double as the reference does: pos * freq_scale * base^(-2i/n_rot) / ff[i].
 // With norm_w, each head is first RMS-normalized as norm_f32 does it (the rotation then of its output).
-// LAUNCH: block = (n_rot / 2 rounded up to 32, capped at 256), grid = (n_tok, n_heads).
-extern "C" __global__ void rope_f32(const float* x, float* y, const int* pos, const float* freq_factors, int head_dim,
-                                    int n_rot, int neox, double base, double freq_scale, const float* norm_w, float eps) {
+// Two tensors of the same tokens at once (q and k, each with its own norm): blocks y < heads0 take
+// x0's heads0 heads a token, the rest x1's (gridDim.y - heads0; none: x1, y1 unused).
+// LAUNCH: block = (n_rot / 2 rounded up to 32, capped at 256), grid = (n_tok, heads0 + heads1).
+extern "C" __global__ void rope_f32(const float* x0, float* y0, const float* norm0, int heads0, const float* x1, float* y1,
+                                    const float* norm1, const int* pos, const float* freq_factors, int head_dim, int n_rot,
+                                    int neox, double base, double freq_scale, float eps) {
     follow_previous_kernel();
-    const int64_t head = ((int64_t)blockIdx.x * gridDim.y + blockIdx.y) * head_dim;
+    const bool second = blockIdx.y >= heads0;
+    const float* x = second ? x1 : x0;
+    float* y = second ? y1 : y0;
+    const float* norm_w = second ? norm1 : norm0;
+    const int n_heads = second ? gridDim.y - heads0 : heads0, h = second ? blockIdx.y - heads0 : blockIdx.y;
+    const int64_t head = ((int64_t)blockIdx.x * n_heads + h) * head_dim;
     const int half = n_rot / 2;
     float scale = 1.0f;
     if (norm_w) {

@@ -101,6 +101,9 @@ class CpuOps:
         with np.errstate(over="ignore"):  # exp(-gate) -> inf gives silu -> -0, as it should
             return gate / (np.float32(1) + np.exp(-gate)) * up
 
+    def ropes(self, xs, positions: Sequence[int], head_dim: int, rope: Rope, freq_factors=None, norms=None) -> list[np.ndarray]:
+        return [self.rope(x, positions, head_dim, rope, freq_factors, n) for x, n in zip(xs, norms or (None,) * len(xs))]
+
     def rope(self, x: np.ndarray, positions: Sequence[int], head_dim: int, rope: Rope,
              freq_factors: np.ndarray | None = None, norm: tuple[np.ndarray, float] | None = None) -> np.ndarray:
         if norm is not None:

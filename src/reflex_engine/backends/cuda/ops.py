@@ -487,21 +487,36 @@ class CudaOps(ExpertOps, DeltaNetOps):
 
     def rope(self, x: Tensor, positions: Sequence[int], head_dim: int, rope: Rope, freq_factors: Weight | None = None,
              norm: tuple[Weight, float] | None = None) -> Tensor:
-        yarn = rope.ext_factor != 0.0 or rope.magnitude != 1.0  # deepseek2's YaRN: kernels/mla.cu, which has no norm
-        if norm is not None and yarn:
-            x, norm = self.rms_norm(x, *norm), None
+        return self.ropes((x,), positions, head_dim, rope, freq_factors, (norm,))[0]
+
+    def ropes(self, xs: Sequence[Tensor], positions: Sequence[int], head_dim: int, rope: Rope,
+              freq_factors: Weight | None = None, norms: Sequence[tuple[Weight, float] | None] | None = None) -> list[Tensor]:
+        """kernels/elementwise.cu rope_f32 takes two tensors (q and k) a launch; deepseek2's YaRN
+        (kernels/mla.cu, which has no norm) one."""
+        norms = norms or (None,) * len(xs)
         if self._positions is None or self._positions[0] is not positions:
             self._positions = (positions, self._upload_ints("positions", positions))
-        out = self._new(x.rows, x.cols)
         block = min(256, 32 * -(-(rope.n_rot // 2) // 32))
-        args = (x.ptr, out.ptr, self._positions[1], self._ready(freq_factors) if freq_factors else 0,
-                head_dim, rope.n_rot, rope.mode is RopeMode.NEOX, rope.base, rope.freq_scale)
-        if yarn:
-            self.device.launch("rope_yarn_f32", (x.rows, x.cols // head_dim), block, args + yarn_args(rope))
-        else:
-            norm_w, eps = (self._ready(norm[0]), norm[1]) if norm else (0, 0.0)
-            self.device.launch("rope_f32", (x.rows, x.cols // head_dim), block, args + (norm_w, eps))
-        return out
+        common = (self._positions[1], self._ready(freq_factors) if freq_factors else 0, head_dim, rope.n_rot,
+                  rope.mode is RopeMode.NEOX, rope.base, rope.freq_scale)
+        if rope.ext_factor != 0.0 or rope.magnitude != 1.0:
+            outs = []
+            for x, norm in zip(xs, norms):
+                if norm is not None:
+                    x = self.rms_norm(x, *norm)
+                out = self._new(x.rows, x.cols)
+                self.device.launch("rope_yarn_f32", (x.rows, x.cols // head_dim), block, (x.ptr, out.ptr, *common) + yarn_args(rope))
+                outs.append(out)
+            return outs
+        if len(xs) > 2 or len({x.rows for x in xs}) > 1 or len({n[1] for n in norms if n}) > 1:
+            return [self.ropes((x,), positions, head_dim, rope, freq_factors, (n,))[0] for x, n in zip(xs, norms)]
+        outs = [self._new(x.rows, x.cols) for x in xs]
+        parts = [(x.ptr, out.ptr, self._ready(n[0]) if n else 0) for x, out, n in zip(xs, outs, norms)]
+        heads = [x.cols // head_dim for x in xs]
+        eps = next((n[1] for n in norms if n), 0.0)
+        first, second = parts[0], parts[1] if len(parts) > 1 else (0, 0, 0)
+        self.device.launch("rope_f32", (xs[0].rows, sum(heads)), block, (*first, heads[0], *second, *common, eps))
+        return outs
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: KVCache, layer: int, batch: Batch,
                   n_heads: int, n_kv_heads: int, scale: float) -> Tensor:
