@@ -78,6 +78,14 @@ class Weight(NamedTuple):
         return self.shape[1] if len(self.shape) > 1 else 1
 
 
+def token_class(n_tok: int) -> int:
+    """Token counts that CudaOps._path tells apart alike: 1, up to a pass of the matvecs, up to their
+    int16 scratch, short prompts, long ones."""
+    if n_tok == 1:
+        return 1
+    return 2 if n_tok <= MATVEC_MAX_TOKENS else 3 if n_tok <= MATVEC_PASSES_MAX_TOKENS else 4 if n_tok < F16_GEMM_MIN_TOKENS else 5
+
+
 class Group(NamedTuple):
     """A run of weights that one launch multiplies with the same x (ops.py _plan): its kernel and
     every argument that does not change between calls, made once."""
@@ -87,7 +95,7 @@ class Group(NamedTuple):
     threads: int
     weights: tuple  # the arguments before the products: W0, W1, W2 (absent: 0), then xq, xds for "x16"
     rows: tuple  # after them: rows0, rows1, rows2 (absent: 0), n_cols
-    absent: tuple  # 0 for each absent weight's product
+    absent: list[int]  # 0 for each absent weight's product
     n_rows: list[int]
 
 
@@ -356,35 +364,31 @@ class CudaOps(ExpertOps, DeltaNetOps):
         return 0, 0
 
     def matmul(self, x: Tensor, weight: Weight, add: Tensor | None = None) -> Tensor:
-        return self._matmul(x, self._plan(x, (weight,)), add)[0]
+        key = (token_class(x.rows), weight.ptr)
+        return self._matmul(x, self._plans.get(key) or self._plan(x, (weight,), key), add)[0]
 
     def matmuls(self, x: Tensor, weights: Sequence[Weight]) -> list[Tensor]:
         """Runs of up to MAX_FUSED weights of one type that take the same kernel go as one launch
         (its grid over all their rows), the rest one by one."""
-        return self._matmul(x, self._plan(x, weights))
+        key = (token_class(x.rows), *[w.ptr for w in weights])
+        return self._matmul(x, self._plans.get(key) or self._plan(x, weights, key))
 
-    def _plan(self, x: Tensor, weights: Sequence[Weight]) -> list[Group | tuple[Weight, str]]:
-        """The launches of x times the weights: a Group for each run that shares a kernel, (weight,
-        path) where one goes alone. Made once per class of token counts (those _path tells
-        apart) and kept."""
-        t = x.rows
-        tokens = 1 if t == 1 else 2 if t <= MATVEC_MAX_TOKENS else 3 if t <= MATVEC_PASSES_MAX_TOKENS else 4 if t < F16_GEMM_MIN_TOKENS else 5
-        key = (tokens, *[w.ptr for w in weights])
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plans[key] = []
-            i = 0
-            while i < len(weights):
-                first = weights[i]
-                if x.cols != first.n_cols:
-                    raise ReflexError(f"internal error: matmul of width {x.cols} with a weight of {first.n_cols} columns")
-                path, group = self._path(x, first), [first]
-                for w in weights[i + 1:i + MAX_FUSED] if path in FUSED_PATHS else ():
-                    if w.ggml_type != first.ggml_type or w.n_cols != first.n_cols or self._path(x, w) != path:
-                        break
-                    group.append(w)
-                plan.append(self._group(group, path, t) if path in FUSED_PATHS else (first, path))
-                i += len(group)
+    def _plan(self, x: Tensor, weights: Sequence[Weight], key: tuple[int, ...]) -> list[Group | tuple[Weight, str]]:
+        """The launches of x times the weights, kept under key: a Group for each run that shares a
+        kernel, (weight, path) where one goes alone."""
+        t, plan, i = x.rows, [], 0
+        while i < len(weights):
+            first = weights[i]
+            if x.cols != first.n_cols:
+                raise ReflexError(f"internal error: matmul of width {x.cols} with a weight of {first.n_cols} columns")
+            path, group = self._path(x, first), [first]
+            for w in weights[i + 1:i + MAX_FUSED] if path in FUSED_PATHS else ():
+                if w.ggml_type != first.ggml_type or w.n_cols != first.n_cols or self._path(x, w) != path:
+                    break
+                group.append(w)
+            plan.append(self._group(group, path, t) if path in FUSED_PATHS else (first, path))
+            i += len(group)
+        self._plans[key] = plan
         return plan
 
     def _path(self, x: Tensor, weight: Weight) -> str:
@@ -409,7 +413,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             kernel, per = (f"matvec_x16_1_{suffix}", X16_DECODE_ROWS) if n_tok == 1 else (f"matvec_x16_{suffix}", 2)
             weights, threads = (*weights, self._xq, self._xds), 32 * min(4, -(-n_cols // 1024))
         return Group(path, kernel, sum(-(-r // per) for r in rows), threads, weights, (*rows, *(0,) * absent, n_cols),
-                     (0,) * absent, rows)
+                     [0] * absent, rows)
 
     def _matmul(self, x: Tensor, plan: list[Group | tuple[Weight, str]], add: Tensor | None = None) -> list[Tensor]:
         """The plan's launches; add summed into the one product there is where given."""
@@ -419,9 +423,13 @@ class CudaOps(ExpertOps, DeltaNetOps):
             if type(g) is not Group:
                 outs.append(self._matmul_one(x, *g, add))
                 continue
-            ys = [self._new(x.rows, r) for r in g.n_rows]
-            products = (*[y.ptr for y in ys], *g.absent, add.ptr if add is not None else 0)
-            outs += ys
+            products = []
+            for r in g.n_rows:
+                y = self._new(x.rows, r)
+                outs.append(y)
+                products.append(y.ptr)
+            products += g.absent
+            products.append(add.ptr if add is not None else 0)
             if g.path == "blocks":
                 dev.launch(g.kernel, (g.units, -(-x.rows // 32)), g.threads, (*g.weights, x.ptr, *products, *g.rows, x.rows))
                 continue
@@ -508,14 +516,21 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 self.device.launch("rope_yarn_f32", (x.rows, x.cols // head_dim), block, (x.ptr, out.ptr, *common) + yarn_args(rope))
                 outs.append(out)
             return outs
-        if len(xs) > 2 or len({x.rows for x in xs}) > 1 or len({n[1] for n in norms if n}) > 1:
+        if len(xs) > 2 or (len(xs) == 2 and (xs[0].rows != xs[1].rows or (norms[0] and norms[1] and norms[0][1] != norms[1][1]))):
             return [self.ropes((x,), positions, head_dim, rope, freq_factors, (n,))[0] for x, n in zip(xs, norms)]
-        outs = [self._new(x.rows, x.cols) for x in xs]
-        parts = [(x.ptr, out.ptr, self._ready(n[0]) if n else 0) for x, out, n in zip(xs, outs, norms)]
-        heads = [x.cols // head_dim for x in xs]
-        eps = next((n[1] for n in norms if n), 0.0)
-        first, second = parts[0], parts[1] if len(parts) > 1 else (0, 0, 0)
-        self.device.launch("rope_f32", (xs[0].rows, sum(heads)), block, (*first, heads[0], *second, *common, eps))
+        args, outs, eps = [], [], 0.0
+        for x, norm in zip(xs, norms):  # (x, y, norm weight) of each, heads0 after the first
+            out = self._new(x.rows, x.cols)
+            outs.append(out)
+            args += (x.ptr, out.ptr, self._ready(norm[0]) if norm else 0)
+            if norm:
+                eps = norm[1]
+            if len(args) == 3:
+                args.append(x.cols // head_dim)
+        if len(xs) == 1:
+            args += (0, 0, 0)  # no second tensor
+        heads = sum(x.cols for x in xs) // head_dim
+        self.device.launch("rope_f32", (xs[0].rows, heads), block, (*args, *common, eps))
         return outs
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: KVCache, layer: int, batch: Batch,
