@@ -9,6 +9,7 @@ import pytest
 from reflex_engine.backends.cuda.memory import ALIGN, Plan, Pool, Region, Tensor
 from reflex_engine.backends.cuda.ops import buffer_address
 from reflex_engine.errors import ReflexError
+from test_cuda_errors import fake  # noqa: F401 (a fixture)
 
 
 def test_buffer_address_of_writable_and_read_only_buffers(tmp_path):
@@ -51,3 +52,47 @@ def test_the_memory_plan_names_what_does_not_fit():
         plan.check(free=4_000_000_000, device="GPU", n_ctx=4096)
     with pytest.raises(ReflexError, match=r"a 4096-token context needs a 3.00 GB KV cache.*smaller --ctx-size"):
         plan.check(free=6_000_000_000, device="GPU", n_ctx=4096)
+
+
+# -- giving the device back (through test_cuda_errors.py's fake libcuda, which keeps the books) ----
+
+def loaded_and_used(fake):  # noqa: F811
+    import reflex_engine
+    from reflex_engine.sampling import SamplingParams
+    from test_goldens import paths
+
+    lib = fake()
+    model = reflex_engine.load(paths("llama", "F32")[0], device="cuda")  # tensors large enough to be pinned
+    for _ in model.generate([1, 2, 3], max_tokens=4, sampling=SamplingParams(temperature=0), ignore_eos=True):
+        pass
+    assert lib.live and lib.registered and lib.contexts == 1  # something to give back
+    return lib, model
+
+
+def test_a_closed_model_gives_back_its_memory_pinned_pages_and_context(fake):  # noqa: F811
+    lib, model = loaded_and_used(fake)
+    assert lib._host  # the captured decode step's pinned buffer
+    model.close()
+    assert lib.live == {} and lib.registered == set() and lib._host == {} and lib.contexts == 0
+    with pytest.raises(ReflexError, match="closed"):
+        model.generate([1, 2], max_tokens=1)
+    model.close()  # a second close does nothing (a double free would fail in the fake)
+
+
+def test_a_dropped_model_gives_its_memory_back_too(fake):  # noqa: F811
+    import gc
+
+    lib, model = loaded_and_used(fake)
+    del model
+    gc.collect()
+    assert lib.live == {} and lib.registered == set() and lib.contexts == 0
+
+
+def test_a_model_as_a_context_manager_closes_at_the_end(fake):  # noqa: F811
+    import reflex_engine
+    from test_goldens import paths
+
+    lib = fake()
+    with reflex_engine.load(paths("qwen3", "Q4_K")[0], device="cuda") as model:
+        assert model.device == "cuda" and lib.live
+    assert lib.live == {} and lib.contexts == 0

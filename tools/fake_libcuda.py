@@ -104,7 +104,10 @@ class FakeLibcuda:
         self.functions: list[str] = []  # a CUfunction is its index here + 1
         self.launches: list | None = None  # set to a list to record every launch
         self.param_info, self.param_info_error = param_info, param_info_error
-        self._host: list = []  # host allocations, kept alive
+        self._host: dict[int, object] = {}  # pinned host allocations, kept alive, by address
+        self.live: dict[int, int] = {}  # device allocations not freed: address -> bytes
+        self.registered: set[int] = set()  # starts of host ranges registered (pinned) and not unregistered
+        self.contexts = 0  # holds on the primary context: retains less releases
 
     def __getattr__(self, name):
         if name.startswith("__"):
@@ -147,13 +150,36 @@ class FakeLibcuda:
 
     def cuMemAlloc_v2(self, ptr, nbytes):
         ptr._obj.value = (1 << 40) + self.allocated  # distinct addresses, so recordings tell buffers apart
+        self.live[ptr._obj.value] = nbytes
         self.allocated += -(-nbytes // 4096) * 4096
         return 0
 
+    def cuMemFree_v2(self, ptr):
+        return 0 if self.live.pop(ptr, None) is not None else CUDA_ERROR_INVALID_VALUE  # a double free fails
+
     def cuMemHostAlloc(self, ptr, nbytes, flags):
         buf = ctypes.create_string_buffer(nbytes)
-        self._host.append(buf)
         ptr._obj.value = ctypes.addressof(buf)
+        self._host[ptr._obj.value] = buf
+        return 0
+
+    def cuMemFreeHost(self, ptr):
+        address = ptr.value if isinstance(ptr, ctypes.c_void_p) else ptr
+        return 0 if self._host.pop(address, None) is not None else CUDA_ERROR_INVALID_VALUE
+
+    def cuMemHostRegister_v2(self, start, nbytes, flags):
+        self.registered.add(start)
+        return 0
+
+    def cuMemHostUnregister(self, start):
+        return 0 if start in self.registered and not self.registered.discard(start) else CUDA_ERROR_INVALID_VALUE
+
+    def cuDevicePrimaryCtxRetain(self, ctx, device):
+        self.contexts += 1
+        return 0
+
+    def cuDevicePrimaryCtxRelease_v2(self, device):
+        self.contexts -= 1
         return 0
 
     def cuModuleGetFunction(self, fn, module, name):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import weakref
 from functools import cached_property
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence, Union
 
@@ -160,6 +161,20 @@ class System1Result(NamedTuple):
     cached_tokens: int = 0  # of prompt_tokens, those an imported or baked KV state held
 
 
+def _release(decode_step, ops) -> None:
+    for part in (decode_step, ops):  # the captured step first: it lives in the ops' memory
+        close = getattr(part, "close", None)
+        if close is not None:
+            close()
+
+
+class ClosedOps:
+    """A closed model's backend: every use is refused."""
+
+    def __getattr__(self, name: str):
+        raise ReflexError("this model was closed: load it again")
+
+
 class Model:
     """A model on a backend. One request at a time: every request reuses the one KV cache."""
 
@@ -169,6 +184,22 @@ class Model:
         self.config, self.tokenizer = file.config, file.tokenizer
         # a decode step: the same launches every token, which a device backend may capture once
         self._decode_step = ops.replayable(lambda batch: file.arch.forward(ops, weights, file.config, cache, batch, [0]))
+        # the device's memory goes back with the model (or at close()), never on the way out of the
+        # process: the driver releases it at exit, faster
+        self._release = weakref.finalize(self, _release, self._decode_step, ops)
+        self._release.atexit = False
+
+    def close(self) -> None:
+        """Give the backend's memory back now (CUDA: the weights, the KV cache, the buffers, the
+        pinned file pages); the model takes no request after. A dropped model does it too."""
+        self._release()
+        self.ops = ClosedOps()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def device(self) -> str:

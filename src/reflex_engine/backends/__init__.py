@@ -73,7 +73,8 @@ class BackendStart:
             raise ReflexError(cpu_only)
         if self._thread is not None and cpu_only is None:
             if self._error is None:
-                return CudaOps(self._cuda)
+                device, self._cuda = self._cuda, None  # a Device serves one CudaOps, whose close() closes it
+                return CudaOps(device)
             if not (isinstance(self._error, CudaUnavailable) and self.device == "auto"):
                 raise self._error
         from .cpu import CpuOps  # imports numpy: only once a backend is actually wanted

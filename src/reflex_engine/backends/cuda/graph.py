@@ -36,6 +36,16 @@ class DecodeGraph:
         self._out = None  # the logits tensor the graph writes: kept for the graph's lifetime
         self._constants: dict[str, list[int]] = {}
 
+    def close(self) -> None:
+        """Destroy the captured step and free its pinned buffer (Model.close)."""
+        drv = self.ops.device.drv
+        if self._exec is not None:
+            drv.cuGraphExecDestroy(self._exec)
+            self._exec = None
+        if self._pinned:
+            drv.cuMemFreeHost(self._pinned)
+            self._pinned = c_void_p()
+
     def __call__(self, batch: Batch):
         if self._exec is None:
             self._capture(batch)

@@ -155,6 +155,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self.device = device or Device()
         self.device.make_current()
         self._weights = self._cache = self._scratch = self._small = self._large = None
+        self._allocations: list[Region] = []  # reserve's device memory, in one allocation a region
         self._positions = None  # (sequence, device copy) of the last rope call: q and k share it
         self._pending: list[tuple[Copy, memoryview]] = []  # weight copies waiting for commit_weights
         self._upload: Upload | None = None  # the committed copies while any are in flight
@@ -198,9 +199,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
         plan = Plan(sum(device_nbytes(t, s) for t, s in tensors) + len(tensors) * 256, kv_bytes, 2 * small + large, scratch)
         plan.check(self.device.free_memory(), self.device.info.name, cache.capacity)
         self.reserved_bytes = plan.total
-        weights, kv, scratch_, small_, graph_, large_ = self._regions(
+        self._allocations = self._regions(
             [(plan.weights, "weights"), (plan.cache, "KV cache"), (plan.scratch, "scratch"), (small, "small activation"),
              (small, "graph activation"), (large, "activation")])
+        weights, kv, scratch_, small_, graph_, large_ = self._allocations
         self._weights, self._cache, self._scratch = weights, kv, scratch_
         self._small, self._graph_pool = Pool(small_, MATVEC_MAX_TOKENS), Pool(graph_, MATVEC_MAX_TOKENS)
         self._large = Pool(large_, MAX_BATCH)
@@ -218,6 +220,20 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._x16_of: tuple[Tensor, int] | None = None  # (tensor, elements) the int16 scratch holds
         # (token class, the weights' addresses: carved once, never shared) -> the matmul's launches (_plan)
         self._plans: dict[tuple[int, ...], list[Group | tuple[Weight, str]]] = {}
+
+    def close(self) -> None:
+        """Give the device back what reserve and the upload took, once the stream's work is done:
+        the regions, the pinned file pages, the Device's module, stream and context hold. Nothing
+        may run on these ops after."""
+        if self._upload is not None:
+            self.weights_arrived()
+            self._upload.close()
+            self._upload = None
+        self.device.synchronize()
+        for region in self._allocations:
+            self.device.free(region.base)
+        self._allocations = []
+        self.device.close()
 
     def _regions(self, sizes: list[tuple[int, str]]) -> list[Region]:
         """One device allocation each; if one fails (memory taken since the plan's check), the

@@ -127,8 +127,8 @@ class Upload:
             self._events.append(c_void_p())
             device.drv.cuEventCreate(byref(self._events[-1]), cu.EVENT_DISABLE_TIMING)
         self.pinned: list[int] = []  # starts of the pinned ranges (see the module's docstring)
-        unpin = weakref.finalize(self, _unpin, device.drv, self.pinned, list(buffers))
-        unpin.atexit = False
+        self.close = weakref.finalize(self, _unpin, device.drv, self.pinned, list(buffers))  # close(): unpin now
+        self.close.atexit = False
         self._landed: set[int] = set()  # chunks wait() has seen land
         self._errors: list[BaseException] = []
         self._started, self._copy_ends = time.perf_counter(), []  # when each thread saw its copies end
