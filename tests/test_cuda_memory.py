@@ -96,3 +96,17 @@ def test_a_model_as_a_context_manager_closes_at_the_end(fake):  # noqa: F811
     with reflex_engine.load(paths("qwen3", "Q4_K")[0], device="cuda") as model:
         assert model.device == "cuda" and lib.live
     assert lib.live == {} and lib.contexts == 0
+
+
+def test_closing_a_model_whose_device_failed_is_quiet(fake, capsys):  # noqa: F811
+    lib, model = loaded_and_used(fake)
+    from reflex_engine.backends.cuda.driver import CudaError
+
+    def lost(*args):  # as after an error that loses the context: every later call fails
+        raise CudaError("cuStreamSynchronize", 999, "CUDA_ERROR_UNKNOWN")
+
+    model.ops.device.drv.cuStreamSynchronize = lost
+    model.close()
+    assert capsys.readouterr().err == ""
+    with pytest.raises(ReflexError, match="closed"):
+        model.logits([1, 2])

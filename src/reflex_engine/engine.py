@@ -162,10 +162,15 @@ class System1Result(NamedTuple):
 
 
 def _release(decode_step, ops) -> None:
+    """Best effort, also from a finalizer: a device already failed (its context lost after an error)
+    refuses the frees, and the driver gives everything back at the process's exit."""
     for part in (decode_step, ops):  # the captured step first: it lives in the ops' memory
         close = getattr(part, "close", None)
         if close is not None:
-            close()
+            try:
+                close()
+            except ReflexError:
+                pass
 
 
 class ClosedOps:
