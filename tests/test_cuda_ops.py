@@ -336,8 +336,8 @@ def test_attention_prefill_then_decode(gpu, n_heads, n_kv, d, segments, chunks):
 @pytest.mark.parametrize("n_heads,n_kv,d", [(4, 2, 128), (6, 2, 64), (2, 1, 96)])
 def test_attention_at_a_long_context_over_many_splits(gpu, n_heads, n_kv, d):
     """Decode and short batches where the cache's slots are split over 64 blocks a (query, head)
-    (kernels/attention.cu, a grid fixed by the capacity) and attention_combine merges their
-    partials: a 4,000-token prompt, then two candidates in their own segments (each sees the
+    (kernels/attention.cu; a decode step's grid fixed by the capacity) and the last split to finish
+    merges their partials: a 4,000-token prompt, then two candidates in their own segments (each sees the
     prompt and itself), then decode steps of 1 and 8 tokens at start > 0."""
     shape = CacheShape(1, 4096, n_kv * d, n_kv * d)
     c_cpu, c_gpu = cpu.new_kv_cache(shape), gpu.new_kv_cache(shape)

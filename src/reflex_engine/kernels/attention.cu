@@ -37,7 +37,7 @@ struct AttnMerge {
     float acc[ATTN_WARPS][ATTN_MAX_PER_LANE * WARP];
 };
 
-// Where split s of (query i, head h) leaves its partial softmax for attention_combine: its
+// Where split s of (query i, head h) leaves its partial softmax for combine_splits: its
 // (max, sum) pair at pairs[row], its unnormalized weighted V at acc[row * dv], row = (i * n_heads
 // + h) * n_splits + s. acc follows all the pairs.
 struct AttnPartials {
@@ -153,53 +153,19 @@ __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
     if (n_splits > 1 && threadIdx.x == 0) part.pairs[row] = make_float2(m, total);
 }
 
-// softmax(scale * q.k) . v for query token i (cache slot start + i) and query head h, over
-// the slots j <= start + i of segment 0 or seg[i]; query head h reads KV head
-// h / (n_heads / n_kv_heads). The slots are cut into gridDim.z splits (flash-decoding), so that a
-// decode step at a long context has blocks for every SM; their length comes from *start_at on
-// the device, so the grid (the host's choice, from the cache's capacity) fits every position a
-// captured step replays at. Each warp of a split runs an online softmax over its share of the
-// split's slots (runs of STEP consecutive ones, every ATTN_WARPS-th run), then the warps' results
-// are merged. One split writes out; more write partials (AttnPartials, in `partials`) for
-// attention_combine, a split past the query's slot only its (-inf, 0) pair.
-// LAUNCH: grid (n_tok, n_heads, n_splits), block ATTN_WARPS * 32 (128), n_splits <= ATTN_MAX_SPLITS;
-// partials: room for n_tok * n_heads * n_splits * (dv + 2) floats when n_splits > 1;
-// dk, dv multiples of 32, at most 256.
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP, 5)
-attention(const float* q, const __half* k_cache, const __half* v_cache, const int* slot_seg,
-          const int* seg, float* out, const int* start_at, int n_tok, int n_heads, int n_kv_heads, int dk,
-          int dv, float scale, float* partials) {
-    follow_previous_kernel();
-    __shared__ AttnMerge merge;
-    const int start = *start_at;
-    // The other widths keep all ATTN_MAX_PER_LANE dims a lane, so a shorter step keeps their
-    // registers (which size the whole kernel's) in check.
-    if (dk == 64 && dv == 64)
-        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, partials, start, n_tok, n_heads, n_kv_heads,
-                  2, 2, scale, merge);
-    else if (dk == 128 && dv == 128)
-        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, partials, start, n_tok, n_heads, n_kv_heads,
-                  4, 4, scale, merge);
-    else
-        attend<2>(q, k_cache, v_cache, slot_seg, seg, out, partials, start, n_tok, n_heads, n_kv_heads,
-                  dk / WARP, dv / WARP, scale, merge);
-}
-
-// out for (query i, head h) from the n_splits partials `attention` left: each split's sum and
+// out for (query i, head h) from the n_splits partials the splits left: each split's sum and
 // weighted V rescaled to the largest max. Splits of weight 0 (past the query's slot, all hidden,
-// or negligible) are skipped, so their acc is never read.
-// With xq, out's int16 blocks too (x16.cuh; dv a multiple of 32).
-// LAUNCH: grid (n_tok, n_heads), block 128; n_splits <= ATTN_MAX_SPLITS, as given to `attention`.
+// or negligible) are skipped, so their acc is never read. The partials were written by other
+// blocks of this launch: read past L1 (__ldcg). With xq, out's int16 blocks too (x16.cuh; dv a
+// multiple of 32). Every thread of the block (128) calls it.
 #define COMBINE_STEP 16  // splits whose acc loads a thread has in flight together
-extern "C" __global__ void __launch_bounds__(128)
-attention_combine(float* partials, float* out, int n_tok, int n_splits, int dv, uint8_t* xq, float2* xds) {
-    follow_previous_kernel();
+__device__ __forceinline__ void combine_splits(const float* partials, float* out, int i, int h, int n_tok, int n_heads,
+                                               int n_splits, int dv, uint8_t* xq, float2* xds) {
     __shared__ float2 pair[ATTN_MAX_SPLITS];
     __shared__ float wt[ATTN_MAX_SPLITS + COMBINE_STEP];  // 0 past n_splits
-    const int i = blockIdx.x, h = blockIdx.y, n_heads = gridDim.y;
-    const AttnPartials part(partials, n_tok, n_heads, n_splits);
+    const AttnPartials part(const_cast<float*>(partials), n_tok, n_heads, n_splits);
     const size_t row0 = ((size_t)i * n_heads + h) * n_splits;
-    if (threadIdx.x < n_splits) pair[threadIdx.x] = part.pairs[row0 + threadIdx.x];
+    if (threadIdx.x < n_splits) pair[threadIdx.x] = __ldcg(part.pairs + row0 + threadIdx.x);
     __syncthreads();
     float m = -INFINITY;
     for (int s = 0; s < n_splits; ++s) m = fmaxf(m, pair[s].x);
@@ -216,11 +182,60 @@ attention_combine(float* partials, float* out, int n_tok, int n_splits, int dv, 
             float a[COMBINE_STEP];
 #pragma unroll
             for (int u = 0; u < COMBINE_STEP; ++u)
-                a[u] = wt[s0 + u] != 0.0f ? part.acc[(row0 + s0 + u) * dv + c] : 0.0f;
+                a[u] = wt[s0 + u] != 0.0f ? __ldcg(part.acc + (row0 + s0 + u) * dv + c) : 0.0f;
 #pragma unroll
             for (int u = 0; u < COMBINE_STEP; ++u) o += wt[s0 + u] * a[u];
         }
         out_row[c] = o *= inv_total;
         if (xq) store_x16<1>({o}, true, (int)(((size_t)i * n_heads + h) * dv + c), xq, xds);  // a warp: 32 consecutive c
+    }
+}
+
+// softmax(scale * q.k) . v for query token i (cache slot start + i) and query head h, over
+// the slots j <= start + i of segment 0 or seg[i]; query head h reads KV head
+// h / (n_heads / n_kv_heads). The slots are cut into gridDim.z splits (flash-decoding), so that a
+// decode step at a long context has blocks for every SM; their length comes from *start_at on
+// the device, so the grid (the host's choice, from the cache's capacity) fits every position a
+// captured step replays at. Each warp of a split runs an online softmax over its share of the
+// split's slots (runs of STEP consecutive ones, every ATTN_WARPS-th run), then the warps' results
+// are merged. One split writes out; more write partials (AttnPartials, in `partials`), a split
+// past the query's slot only its (-inf, 0) pair, and the last of them to finish (counted in
+// counts[i * n_heads + h], which it sets back to 0 for the next launch) merges them into out
+// (combine_splits; with xq, out's int16 blocks too), in the splits' order: the result does not
+// depend on which one is last.
+// LAUNCH: grid (n_tok, n_heads, n_splits), block ATTN_WARPS * 32 (128), n_splits <= ATTN_MAX_SPLITS;
+// partials: room for n_tok * n_heads * n_splits * (dv + 2) floats and counts n_tok * n_heads ints,
+// all 0 before the first launch, when n_splits > 1; dk, dv multiples of 32, at most 256.
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP, 5)
+attention(const float* q, const __half* k_cache, const __half* v_cache, const int* slot_seg,
+          const int* seg, float* out, const int* start_at, int n_tok, int n_heads, int n_kv_heads, int dk,
+          int dv, float scale, float* partials, int* counts, uint8_t* xq, float2* xds) {
+    follow_previous_kernel();
+    __shared__ AttnMerge merge;
+    __shared__ bool last;
+    const int start = *start_at;
+    // The other widths keep all ATTN_MAX_PER_LANE dims a lane, so a shorter step keeps their
+    // registers (which size the whole kernel's) in check.
+    if (dk == 64 && dv == 64)
+        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, partials, start, n_tok, n_heads, n_kv_heads,
+                  2, 2, scale, merge);
+    else if (dk == 128 && dv == 128)
+        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, partials, start, n_tok, n_heads, n_kv_heads,
+                  4, 4, scale, merge);
+    else
+        attend<2>(q, k_cache, v_cache, slot_seg, seg, out, partials, start, n_tok, n_heads, n_kv_heads,
+                  dk / WARP, dv / WARP, scale, merge);
+    if (gridDim.z == 1) return;
+    __threadfence();  // this split's partials, visible to every block before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* count = counts + (size_t)blockIdx.x * n_heads + blockIdx.y;
+        last = atomicAdd(count, 1) == (int)gridDim.z - 1;
+        if (last) *count = 0;  // every split has counted: none reads it again in this launch
+    }
+    __syncthreads();
+    if (last) {
+        __threadfence();
+        combine_splits(partials, out, blockIdx.x, blockIdx.y, n_tok, n_heads, gridDim.z, dv, xq, xds);
     }
 }

@@ -48,6 +48,7 @@ PREFILL_ATTENTION_MIN_TOKENS = 64  # kernels/attention_prefill.cu, 64 queries a 
 # kernels/attention.cu below that: the cache's slots split over up to 64 blocks a (query, head), at
 # least 32 slots each, their partial softmaxes in a scratch that bounds the splits of a long batch
 ATTENTION_MAX_SPLITS, ATTENTION_SPLIT_SLOTS, ATTENTION_PARTIALS_BYTES = 64, 32, 4 << 20
+ATTENTION_COUNTS = MAX_BATCH * 128  # (query, head) pairs whose splits the last one merges: more take one split
 # from here on weights are dequantized once per pass (kernels/gemm_f16.cu) instead of once per 32 tokens
 # (kernels/gemm.cu): H200, Q4_K_M prompt passes, the two paths even at ~80 tokens on Qwen3-8B and at
 # ~300 on 0.6B (whose passes the f16 path's extra launches slow), docs/perf-notes.md run 7
@@ -188,7 +189,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._xh_bytes = xh_bytes = aligned(2 * MAX_BATCH * max((shape[0] for _, shape in tensors if len(shape) == 2), default=0))
         chunk_bytes = aligned(chunk_scratch_bytes(r, MAX_BATCH)) if r else 0
         scratch = (sum(aligned(4 * n) for n in ints.values()) + aligned(8 * 2 * MAX_BATCH) + aligned(8 * TOP_K_MAX + 16)
-                   + self._w16_bytes + xh_bytes + ATTENTION_PARTIALS_BYTES + chunk_bytes)
+                   + self._w16_bytes + xh_bytes + ATTENTION_PARTIALS_BYTES + aligned(4 * ATTENTION_COUNTS) + chunk_bytes)
         # a matvec pass's x as int16 blocks (2 bytes an element, then 8 bytes (d, d·Σq) a block of 32)
         self._x16_width = max([activation_width] + [shape[0] for _, shape in tensors if len(shape) == 2])
         x16_bytes = aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width) + aligned(MATVEC_PASSES_MAX_TOKENS * self._x16_width // 4)
@@ -214,6 +215,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._xh = s.carve(xh_bytes) if xh_bytes else 0
         self._xh_of: Tensor | None = None  # the tensor the f16 scratch holds
         self._partials = s.carve(ATTENTION_PARTIALS_BYTES)
+        self._counts = s.carve(4 * ATTENTION_COUNTS)  # kernels/attention.cu: 0, and set back to 0 by each launch
+        self.device.drv.cuMemsetD32Async(self._counts, 0, ATTENTION_COUNTS, self.device.stream)
         self._chunk_scratch = s.carve(chunk_bytes) if chunk_bytes else 0
         self._xq = s.carve(x16_bytes)
         self._xds = self._xq + aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width)
@@ -570,10 +573,11 @@ class CudaOps(ExpertOps, DeltaNetOps):
             slots = cache.shape.capacity if t == 1 else batch.start + t
             splits = max(1, min(ATTENTION_MAX_SPLITS, -(-slots // ATTENTION_SPLIT_SLOTS),
                                 ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
-            dev.launch("attention", (t, n_heads, splits), 128, args + (self._partials,))
-            if splits > 1:
-                dev.launch("attention_combine", (t, n_heads), 128, (self._partials, out.ptr, t, splits, dv)
-                           + (self._x16_beside(out) if dv % 32 == 0 else (0, 0)))
+            if t * n_heads > ATTENTION_COUNTS:
+                splits = 1
+            # more splits than one: the last to finish merges them, writing out's int16 blocks beside it
+            beside = self._x16_beside(out) if splits > 1 and dv % 32 == 0 else (0, 0)
+            dev.launch("attention", (t, n_heads, splits), 128, args + (self._partials, self._counts, *beside))
         return out
 
     def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:

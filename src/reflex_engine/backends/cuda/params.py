@@ -21,8 +21,7 @@ FAMILIES = {
 KERNELS = {
     # attention.cu, attention_prefill.cu
     "kv_store": "PPPPPPPiii",
-    "attention": "PPPPPPPiiiiifP",
-    "attention_combine": "PPiiiPP",
+    "attention": "PPPPPPPiiiiifPPPP",
     "attention_prefill": "PPPPPPPiiiiif",
     # delta_net.cu
     "sigmoid_gate_f32": "PPPqii",
