@@ -537,19 +537,12 @@ class CudaOps(ExpertOps, DeltaNetOps):
             return outs
         if len(xs) > 2 or (len(xs) == 2 and (xs[0].rows != xs[1].rows or (norms[0] and norms[1] and norms[0][1] != norms[1][1]))):
             return [self.ropes((x,), positions, head_dim, rope, freq_factors, (n,))[0] for x, n in zip(xs, norms)]
-        args, outs, eps = [], [], 0.0
-        for x, norm in zip(xs, norms):  # (x, y, norm weight) of each, heads0 after the first
-            out = self._new(x.rows, x.cols)
-            outs.append(out)
-            args += (x.ptr, out.ptr, self._ready(norm[0]) if norm else 0)
-            if norm:
-                eps = norm[1]
-            if len(args) == 3:
-                args.append(x.cols // head_dim)
-        if len(xs) == 1:
-            args += (0, 0, 0)  # no second tensor
-        heads = sum(x.cols for x in xs) // head_dim
-        self.device.launch("rope_f32", (xs[0].rows, heads), block, (*args, *common, eps))
+        outs = [self._new(x.rows, x.cols) for x in xs]
+        # (x, y, norm weight) of each tensor, an absent second one (0, 0, 0); one eps serves both
+        parts = [(x.ptr, y.ptr, self._ready(n[0]) if n else 0) for x, y, n in zip(xs, outs, norms)] + [(0, 0, 0)]
+        eps = next((n[1] for n in norms if n), 0.0)
+        self.device.launch("rope_f32", (xs[0].rows, sum(x.cols for x in xs) // head_dim), block,
+                           (*parts[0], xs[0].cols // head_dim, *parts[1], *common, eps))
         return outs
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: KVCache, layer: int, batch: Batch,
