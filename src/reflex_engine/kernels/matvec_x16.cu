@@ -271,7 +271,7 @@ __device__ __forceinline__ void matvec_x16_decode(const uint8_t* W0, const uint8
                                                  float* y0, float* y1, float* y2, const float* __restrict__ add,
                                                  int rows0, int rows1, int rows2, int n_cols) {
     constexpr int R = X16_DECODE_ROWS;
-    const int n_groups = (rows0 + R - 1) / R + (rows1 + R - 1) / R + (rows2 + R - 1) / R;
+    const int n_groups = fused_units(R, rows0, rows1, rows2);
     for (int g = blockIdx.x; g < n_groups; g += gridDim.x) {
         int u = g;
         const int i = fused_part(u, R, rows0, rows1);
@@ -291,7 +291,7 @@ __device__ __forceinline__ void prefetch_decode_rows(const uint8_t* W0, const ui
                                                     int rows1, int rows2, int n_cols, int prefetch_bytes) {
     constexpr int R = X16_DECODE_ROWS;
     const size_t rb = row_bytes<B>(n_cols), group_bytes = R * rb;
-    const int n_groups = (rows0 + R - 1) / R + (rows1 + R - 1) / R + (rows2 + R - 1) / R;
+    const int n_groups = fused_units(R, rows0, rows1, rows2);
     long budget = prefetch_bytes / gridDim.x;
     for (int g = blockIdx.x; g < n_groups && budget > 0; g += gridDim.x, budget -= group_bytes) {
         int u = g;
