@@ -43,7 +43,7 @@ def main() -> None:
     for fused, blocks, mb in itertools.product(*grid):
         ops.MAX_FUSED, ops.DECODE_BLOCKS_PER_SM, ops.DECODE_PREFETCH_BYTES = fused, blocks or 1 << 20, mb << 20
         model.ops._plans.clear()  # the matmuls' launches, made again with these constants
-        model._decode_step._exec = None  # capture the step again with these launches (the old one leaks)
+        model._decode_step.close()  # captured again at the next step, with these launches
         reports = [run_bench(model, runs=2, decode_tokens=64, prefill_tokens=(16,), contexts=(128,)) for _ in range(args.runs)]
         rate = statistics.median(r.decode[128]["tokens_per_s"] for r in reports)
         prefill = statistics.median(r.prefill[16] for r in reports)

@@ -28,8 +28,10 @@ MATVEC_MAX_TOKENS = 8  # kernels/matvec.cu: up to 8 tokens share one pass over t
 # kernels/matvec_x16.cu: the decode matvec of these types dots int16 x blocks with the integer quants
 X16_MATVEC_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a time (matvec_x16_1_<type>)
-# the int16 matvecs and the short-prompt GEMM take up to three weights of one type in one launch (q, k, v)
-MAX_FUSED, FUSED_PATHS = 3, ("x16", "blocks")
+# the int16 matvecs and the short-prompt GEMM take three weights of one type in one launch (q, k, v; the
+# absent ones 0), and runs of up to MAX_FUSED weights are given to them together
+FUSED_WEIGHTS, FUSED_PATHS = 3, ("x16", "blocks")
+MAX_FUSED = FUSED_WEIGHTS
 # the one-token matvec's grid: this many blocks an SM at most, striding over the rows, so that all of them are running
 # (and asking for their weights) while the kernel before still runs; and the bytes of its weights
 # a launch asks L2 for before that kernel ends, in a captured decode step (L2 holds 50 MB on an H200)
@@ -424,7 +426,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
 
     def _group(self, group: list[Weight], path: str, n_tok: int) -> Group:
         """A run's launch: made when the run is first multiplied, once its weights have arrived."""
-        absent, rows, n_cols = MAX_FUSED - len(group), [w.n_rows for w in group], group[0].n_cols
+        absent, rows, n_cols = FUSED_WEIGHTS - len(group), [w.n_rows for w in group], group[0].n_cols
         weights, suffix = (*[self._ready(w) for w in group], *(0,) * absent), kernel_suffix(group[0].ggml_type)
         if path == "blocks":  # kernels/gemm.cu: 32 rows x 32 tokens a block, straight from the GGUF blocks
             kernel, per, threads = f"gemm_{suffix}", 32, 256
