@@ -30,9 +30,13 @@ def main() -> None:
     args = ap.parse_args()
     try:
         grid = [[int(v) for v in a.split(",")] for a in (args.fused, args.blocks, args.prefetch_mb)]
-        model = reflex_engine.load(args.model, device="cuda", n_ctx=512)
     except ValueError:
         sys.exit("probe_launch_shapes: --fused, --blocks and --prefetch-mb take comma-separated integers")
+    if not all(1 <= f <= ops.FUSED_WEIGHTS for f in grid[0]) or min(grid[1] + grid[2]) < 0 or args.runs < 1:
+        sys.exit(f"probe_launch_shapes: --fused takes 1 to {ops.FUSED_WEIGHTS}, --blocks and --prefetch-mb 0 or more, "
+                 "--runs 1 or more")
+    try:
+        model = reflex_engine.load(args.model, device="cuda", n_ctx=512)
     except ReflexError as e:
         sys.exit(f"probe_launch_shapes: {e}")
     copy, weight_bytes = model.ops.device.copy_bandwidth(), decode_weight_bytes(model)
