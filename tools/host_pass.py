@@ -25,6 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fake_libcuda  # noqa: E402
+from reflex_engine.errors import ReflexError  # noqa: E402
 
 
 def load(path: str, lib: fake_libcuda.FakeLibcuda, image_dir: str):
@@ -72,14 +73,22 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--record", metavar="OUT", help="write every launch there instead of timing")
     args = parser.parse_args()
+    if args.passes < 1 or args.tokens < 1:
+        sys.exit("host_pass: --passes and --tokens take 1 or more")
     os.environ["REFLEX_CUDA_GRAPHS"] = "0"  # a one-token generation has no decode step; --record turns them on itself
     lib = fake_libcuda.FakeLibcuda()
     if not args.record:
         lib.cuLaunchKernel = lib.cuLaunchKernelEx = lambda *a: 0  # unchecked: answered at once, as the other calls
     with tempfile.TemporaryDirectory() as tmp:
-        model = load(args.model, lib, tmp)
+        try:
+            model = load(args.model, lib, tmp)
+            if args.record:
+                print(f"{record(model, lib, args.record)} launches written to {args.record}")
+        except ReflexError as e:
+            sys.exit(f"host_pass: {e}")
+        except OSError as e:
+            sys.exit(f"host_pass: {args.record}: {e.strerror or e}")
         if args.record:
-            print(f"{record(model, lib, args.record)} launches written to {args.record}")
             return 0
         ids = prompt(args.tokens, model.config.n_vocab)
         generate(model, ids, 1)  # first launches: function lookups
