@@ -54,7 +54,8 @@ template <int STEP>
 __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
                                        const __half* v_cache, const int* slot_seg, const int* seg,
                                        float* out, float* partials, int start, int n_tok, int n_heads,
-                                       int n_kv_heads, int nk, int nv, float scale, AttnMerge& merge) {
+                                       int n_kv_heads, int nk, int nv, float scale, AttnMerge& merge,
+                                       uint8_t* xq, float2* xds) {
     const int i = blockIdx.x, h = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     // the splits cut the slots of the batch's last query evenly, ATTN_SPLIT_MIN_SLOTS at least
@@ -148,7 +149,8 @@ __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
         float o = 0.0f;
 #pragma unroll
         for (int w = 0; w < ATTN_WARPS; ++w) o += wt[w] * merge.acc[w][c];
-        out_row[c] = o * norm;
+        out_row[c] = o *= norm;
+        if (n_splits == 1 && xq) store_x16<1>({o}, true, (int)(((size_t)i * n_heads + h) * dv + c), xq, xds);  // a warp: 32 consecutive c
     }
     if (n_splits > 1 && threadIdx.x == 0) part.pairs[row] = make_float2(m, total);
 }
@@ -201,8 +203,8 @@ __device__ __forceinline__ void combine_splits(const float* partials, float* out
 // are merged. One split writes out; more write partials (AttnPartials, in `partials`), a split
 // past the query's slot only its (-inf, 0) pair, and the last of them to finish (counted in
 // counts[i * n_heads + h], which it sets back to 0 for the next launch) merges them into out
-// (combine_splits; with xq, out's int16 blocks too), in the splits' order: the result does not
-// depend on which one is last.
+// (combine_splits), in the splits' order: the result does not depend on which one is last.
+// Whichever block writes out writes its int16 blocks beside it too, given xq (x16.cuh).
 // LAUNCH: grid (n_tok, n_heads, n_splits), block ATTN_WARPS * 32 (128), n_splits <= ATTN_MAX_SPLITS;
 // partials: room for n_tok * n_heads * n_splits * (dv + 2) floats and counts n_tok * n_heads ints,
 // all 0 before the first launch, when n_splits > 1; dk, dv multiples of 32, at most 256.
@@ -218,13 +220,13 @@ attention(const float* q, const __half* k_cache, const __half* v_cache, const in
     // registers (which size the whole kernel's) in check.
     if (dk == 64 && dv == 64)
         attend<8>(q, k_cache, v_cache, slot_seg, seg, out, partials, start, n_tok, n_heads, n_kv_heads,
-                  2, 2, scale, merge);
+                  2, 2, scale, merge, xq, xds);
     else if (dk == 128 && dv == 128)
         attend<8>(q, k_cache, v_cache, slot_seg, seg, out, partials, start, n_tok, n_heads, n_kv_heads,
-                  4, 4, scale, merge);
+                  4, 4, scale, merge, xq, xds);
     else
         attend<2>(q, k_cache, v_cache, slot_seg, seg, out, partials, start, n_tok, n_heads, n_kv_heads,
-                  dk / WARP, dv / WARP, scale, merge);
+                  dk / WARP, dv / WARP, scale, merge, xq, xds);
     if (gridDim.z == 1) return;
     __threadfence();  // this split's partials, visible to every block before it is counted
     __syncthreads();

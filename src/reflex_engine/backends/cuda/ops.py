@@ -570,8 +570,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
                                 ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
             if t * n_heads > ATTENTION_COUNTS:
                 splits = 1
-            # more splits than one: the last to finish merges them, writing out's int16 blocks beside it
-            beside = self._x16_beside(out) if splits > 1 and dv % 32 == 0 else (0, 0)
+            # out's int16 blocks beside it, from the one split or the last of several to finish (their merge)
+            beside = self._x16_beside(out) if dv % 32 == 0 else (0, 0)
             dev.launch("attention", (t, n_heads, splits), 128, args + (self._partials, self._counts, *beside))
         return out
 
