@@ -262,57 +262,13 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
     store_row_sums(acc, partial, y, r0, n_rows, n_tok, add);
 }
 
-// One token's matvec: block b computes the groups of X16_DECODE_ROWS rows b, b + gridDim.x, ... (counted
-// over the launch's weights, common.cuh fused_part), so a grid that fits the GPU at once holds every row
-// from its start.
-template <class B>
-__device__ __forceinline__ void matvec_x16_decode(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2,
-                                                 const uint8_t* __restrict__ xq, const float2* __restrict__ xds,
-                                                 float* y0, float* y1, float* y2, const float* __restrict__ add,
-                                                 int rows0, int rows1, int rows2, int n_cols) {
-    constexpr int R = X16_DECODE_ROWS;
-    const int n_groups = fused_units(R, rows0, rows1, rows2);
-    for (int g = blockIdx.x; g < n_groups; g += gridDim.x) {
-        int u = g;
-        const int i = fused_part(u, R, rows0, rows1);
-        matvec_x16<B, R, 1>(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * R,
-                            pick(i, rows0, rows1, rows2), n_cols, 1);
-        __syncthreads();  // the next group's sums overwrite `partial`
-    }
-}
-
-// What a block of matvec_x16_decode asks L2 for before waiting for the kernel that writes x: the first
-// prefetch_bytes / gridDim.x bytes of its rows. Launched early beside that kernel (common.cuh), the
-// weights then stream from memory while it runs, where a kernel that waits first leaves memory idle
-// through every predecessor's tail and every small kernel between two matvecs. A prefetch reads
-// nothing into the kernel, and weights are never written: asking for them early races nothing.
-template <class B>
-__device__ __forceinline__ void prefetch_decode_rows(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, int rows0,
-                                                    int rows1, int rows2, int n_cols, int prefetch_bytes) {
-    constexpr int R = X16_DECODE_ROWS;
-    const size_t rb = row_bytes<B>(n_cols), group_bytes = R * rb;
-    const int n_groups = fused_units(R, rows0, rows1, rows2);
-    long budget = prefetch_bytes / gridDim.x;
-    for (int g = blockIdx.x; g < n_groups && budget > 0; g += gridDim.x, budget -= group_bytes) {
-        int u = g;
-        const int i = fused_part(u, R, rows0, rows1);
-        const uint8_t* W = pick(i, W0, W1, W2);
-        const uint8_t* to = W + min((size_t)pick(i, rows0, rows1, rows2) * rb, u * group_bytes + min((size_t)budget, group_bytes));
-        const uintptr_t line0 = reinterpret_cast<uintptr_t>(W + u * group_bytes) & ~(uintptr_t)127;
-        for (const uint8_t* at = reinterpret_cast<const uint8_t*>(line0) + 128 * threadIdx.x; at < to; at += 128 * blockDim.x)
-            prefetch_l2(at);
-    }
-}
-
 // y_i (n_tok, rows_i) = x_deq · W_iᵀ for the launch's weights (common.cuh fused_part; + add, as y0, where not
 // null: the residual stream, given with one weight only), from quantize_x16's xq and xds of x (n_tok,
 // n_cols), in passes of 8 tokens, one a blockIdx.y. A block computes X16_ROWS (2) rows; its threads stride
 // together over the rows' 32-element units.
 // LAUNCH: block = 32 · min(4, ceil(n_cols / 1024)) threads (a multiple of 32, at most X16_THREADS);
 // grid = (Σ ceil(rows_i / X16_ROWS), ceil(n_tok / 8)); n_cols a multiple of the type's block. 5 blocks an SM, as matvec.cu.
-// matvec_x16_1_<type>: the same for one token (matvec_x16_decode), X16_DECODE_ROWS rows a block a step;
-// grid = at most Σ ceil(rows_i / X16_DECODE_ROWS), the blocks striding over the groups of rows; prefetch_bytes
-// of the weights asked for before the wait (prefetch_decode_rows; 0: none).
+// matvec_x16_1_<type>: the same for one token, X16_DECODE_ROWS rows a block; grid = Σ ceil(rows_i / X16_DECODE_ROWS).
 #define MATVEC_X16_KERNEL(name, B)                                                                          \
     extern "C" __global__ void __launch_bounds__(X16_THREADS, 5)                                            \
         matvec_x16_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,       \
@@ -330,10 +286,12 @@ __device__ __forceinline__ void prefetch_decode_rows(const uint8_t* W0, const ui
     extern "C" __global__ void __launch_bounds__(X16_THREADS, 4)                                            \
         matvec_x16_1_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,     \
                             const float2* xds, float* y0, float* y1, float* y2, const float* add, int rows0, \
-                            int rows1, int rows2, int n_cols, int prefetch_bytes) {                         \
-        prefetch_decode_rows<B>(W0, W1, W2, rows0, rows1, rows2, n_cols, prefetch_bytes);                   \
+                            int rows1, int rows2, int n_cols) {                                             \
         follow_previous_kernel();                                                                           \
-        matvec_x16_decode<B>(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols);            \
+        int u = blockIdx.x;                                                                                 \
+        const int i = fused_part(u, X16_DECODE_ROWS, rows0, rows1);                                         \
+        matvec_x16<B, X16_DECODE_ROWS, 1>(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, \
+                                          u * X16_DECODE_ROWS, pick(i, rows0, rows1, rows2), n_cols, 1);    \
     }
 MATVEC_X16_KERNEL(q4_0, block_q4_0)
 MATVEC_X16_KERNEL(q5_0, block_q5_0)

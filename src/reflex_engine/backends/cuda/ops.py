@@ -32,10 +32,6 @@ X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a ti
 # absent ones 0), and runs of up to MAX_FUSED weights are given to them together
 FUSED_WEIGHTS, FUSED_PATHS = 3, ("x16", "blocks")
 MAX_FUSED = FUSED_WEIGHTS
-# the one-token matvec's grid: this many blocks an SM at most, striding over the rows, so that all of them are running
-# (and asking for their weights) while the kernel before still runs; and the bytes of its weights
-# a launch asks L2 for before that kernel ends, in a captured decode step (L2 holds 50 MB on an H200)
-DECODE_BLOCKS_PER_SM, DECODE_PREFETCH_BYTES = 2, 16 << 20
 # up to here a matrix of at most MATVEC_MAX_ROWS rows takes int16 passes of 8 tokens (wider ones
 # take the GEMMs past one pass): the int16 scratch holds this many tokens
 MATVEC_PASSES_MAX_TOKENS = 32
@@ -94,7 +90,7 @@ class Group(NamedTuple):
     every argument that does not change between calls, made once."""
     path: str  # "x16" or "blocks" (FUSED_PATHS)
     kernel: str
-    units: int  # blocks over all the rows (the one-token matvec: before the grid's cap)
+    units: int  # blocks over all the rows
     threads: int
     weights: tuple  # the arguments before the products: W0, W1, W2 (absent: 0), then xq, xds for "x16"
     rows: tuple  # after them: rows0, rows1, rows2 (absent: 0), n_cols
@@ -461,9 +457,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 dev.launch("quantize_x16", (-(-n // 1024),), 256, (x.ptr, self._xq, self._xds, n))
                 self._x16_of = (x, n)
             if x.rows == 1:
-                grid = min(g.units, DECODE_BLOCKS_PER_SM * dev.info.multiprocessors)
-                ahead = DECODE_PREFETCH_BYTES if dev.overlap_launches else 0  # eager launches wait for nothing
-                dev.launch(g.kernel, (grid,), g.threads, (*g.weights, *products, *g.rows, ahead))
+                dev.launch(g.kernel, (g.units,), g.threads, (*g.weights, *products, *g.rows))
             else:
                 dev.launch(g.kernel, (g.units, -(-x.rows // MATVEC_MAX_TOKENS)), g.threads, (*g.weights, *products, *g.rows, x.rows))
         return outs

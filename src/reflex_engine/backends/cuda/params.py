@@ -13,7 +13,7 @@ FAMILIES = {
     "matvec": "PPPiii",  # matvec.cu
     "grouped_matvec": "PqPPPii",
     "matvec_x16": "PPPPPPPPPiiiii",  # matvec_x16.cu
-    "matvec_x16_1": "PPPPPPPPPiiiii",
+    "matvec_x16_1": "PPPPPPPPPiiii",
     "stacked_matvec": "PqPPPiiiii",  # moe.cu
     "experts_down": "PqPPPPiii",
 }
