@@ -61,3 +61,26 @@ def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
     # last split to finish merges them: no launch of its own
     assert names.count("attention") == 2 and "attention_combine" not in names
     assert "take_rows_f32" not in names  # its one row is the logits row: nothing to take
+
+
+def test_a_short_prompts_gemm_splits_the_columns_of_weights_too_small_to_fill_the_gpu():
+    from reflex_engine.backends.cuda.ops import FUSED_WEIGHTS, GEMM_MAX_SPLITS, gemm_splits
+
+    target = 2 * 132  # GEMM_BLOCKS_AN_SM on an H200
+    # Qwen3-8B's q (4,096 x 4,096), 16 tokens: 128 blocks of 32 rows, so 3 splits of its 8 steps; k and v
+    # (1,024 rows) 8 (9 would fill more, but there are 8 steps); gate and up (12,288 rows) none; nor q at
+    # 127 tokens (4 token tiles)
+    assert gemm_splits([4096, 1024, 1024], 4096, 1, target) == (8, (3, 8, 8))
+    assert gemm_splits([12288, 12288], 4096, 1, target) == (1, (1, 1, 1))
+    assert gemm_splits([4096], 4096, 4, target) == (1, (1, 1, 1))
+    for n_cols in (512, 1000, 4096, 12288):
+        for tiles in (1, 2, 4, 16):
+            for rows in (33, 100, 1024, 4096, 30000):
+                z, (s, *absent) = gemm_splits([rows], n_cols, tiles, target)
+                blocks = -(-rows // 32) * tiles
+                assert z == s and absent == [1] * (FUSED_WEIGHTS - 1)
+                assert 1 <= s <= min(-(-n_cols // 512), GEMM_MAX_SPLITS)
+                assert s == 1 or blocks < target  # a weight that fills the GPU is not split
+                assert blocks * s < 2 * target or s == 1  # what ops.py sizes the scratch for
+                # the same splits beside other weights: a product's bits do not depend on its company
+                assert gemm_splits([64, rows, 9000], n_cols, tiles, target)[1][1] == s

@@ -108,6 +108,21 @@ def test_matmul_matches_dequantized_reference(gpu, qtype, n_tok):
             assert rel_err(np.concatenate(got), np.concatenate(ref)) < (3e-3 if gemm else 1e-5), (qtype, shapes, n_cols)
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "F16"])
+def test_short_prompt_gemm_split_over_the_columns(gpu, qtype):
+    """A short prompt's few blocks split a weight's columns (kernels/gemm.cu: up to 8 splits of the 512-column
+    steps, the last split's sums merged by the tile's last block): the product of the whole row, over one
+    token tile and several, the same bits from one call to the next whichever block merges."""
+    n_cols = 4352  # 9 steps, the last a half: splits of unequal length
+    w_cpu, w_gpu = both(gpu, qtype, 100, n_cols)
+    for n_tok in (16, 77, 127):
+        x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
+        got = [gpu.to_host(gpu.matmul(host(gpu, x), w_gpu)) for _ in range(3)]
+        assert rel_err(got[0], cpu.matmul(x, w_cpu).astype(np.float64)) < 3e-3, n_tok
+        np.testing.assert_array_equal(got[1], got[0])
+        np.testing.assert_array_equal(got[2], got[0])
+
+
 @pytest.mark.parametrize("qtype", KERNEL_TYPES)
 def test_matvec_edge_shapes(gpu, qtype):
     """The decode matvec (kernels/matvec.cu: 2 rows a block, 128 threads striding over 16-element
@@ -197,17 +212,19 @@ def test_matmul_sums_the_residual_it_is_given_into_the_product(gpu, qtype, n_row
         np.testing.assert_array_equal(got, r + product, err_msg=f"{n_tok} tokens")
 
 
-@pytest.mark.parametrize("kinds", [[("Q4_K", 300), ("Q4_K", 129), ("Q4_K", 200), ("Q4_K", 64)],  # past three: a second launch
-                                   [("Q8_0", 256), ("Q8_0", 70), ("Q8_0", 96)],
-                                   [("Q4_K", 256), ("Q4_K", 130), ("Q6_K", 160), ("Q4_1", 140), ("Q4_1", 100)]],
-                         ids=["q4_K", "q8_0", "mixed"])
-def test_matmuls_equal_the_matmuls_one_by_one(gpu, kinds):
+@pytest.mark.parametrize("kinds,n_cols", [([("Q4_K", 300), ("Q4_K", 129), ("Q4_K", 200), ("Q4_K", 64)], 512),  # past three: a second launch
+                                          ([("Q8_0", 256), ("Q8_0", 70), ("Q8_0", 96)], 512),
+                                          ([("Q4_K", 256), ("Q4_K", 130), ("Q6_K", 160), ("Q4_1", 140), ("Q4_1", 100)], 512),
+                                          # the short-prompt GEMM splits each weight's 5 column steps its own way
+                                          ([("Q4_K", 96), ("Q4_K", 1000), ("Q4_K", 6000)], 2304)],
+                         ids=["q4_K", "q8_0", "mixed", "split"])
+def test_matmuls_equal_the_matmuls_one_by_one(gpu, kinds, n_cols):
     """Weights reading one x (q, k, v; gate, up) that share a launch (a grid over all their rows) give
     each product to the bit as its own launch does: at every path's token counts, with weights of one
     type and of several (then in runs), and small ones (passes at any length) beside GEMM-sized ones."""
-    weights = [both(gpu, qtype, n_rows, 512)[1] for qtype, n_rows in kinds]
+    weights = [both(gpu, qtype, n_rows, n_cols)[1] for qtype, n_rows in kinds]
     for n_tok in (1, 5, 8, 20, 40, 200):
-        x = rng.standard_normal((n_tok, 512)).astype(np.float32)
+        x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
         together = [gpu.to_host(y) for y in gpu.matmuls(host(gpu, x), weights)]  # host(): every buffer poisoned first
         alone = [gpu.to_host(gpu.matmul(host(gpu, x), w)) for w in weights]
         for i, (a, b) in enumerate(zip(alone, together)):

@@ -13,9 +13,18 @@
 // Why 32 rows: every block reads all of X's columns for its rows, which at 16 rows a block was
 // several times the weights' bytes through L2 and what bounded the kernel (H200, docs/perf-notes.md
 // run 7); 32 halves that traffic and X's loads per mma.
+// A short prompt's grid is small (a 4,096-row weight and 16 tokens: 128 blocks on 132 SMs), so a
+// weight's columns may be split over splits_i blocks (blockIdx.z), each taking an even share of the
+// 512-column steps; each leaves its sums in `partials`, and the last of a tile's splits to finish
+// (counted in `counts`, which it sets back to 0) adds them up in the splits' order: the result
+// depends on splits_i, never on timing. splits_i is the host's choice from weight i's own shape, so a
+// product is the same bits in a launch of its own as beside others.
 // One launch serves up to three weights of one type and width (q, k and v; gate and up: common.cuh
 // fused_part), Y_i their products, add (as Y0) given with one weight only.
-// LAUNCH: block = 256, grid = (Σ ceil(rows_i / 32), ceil(n_tok / 32)); n_cols % 32 == 0.
+// LAUNCH: block = 256, grid = (Σ ceil(rows_i / 32), ceil(n_tok / 32), max splits_i); n_cols % 32 == 0;
+// splits_i at most the 512-column steps of a row; for the weights of more than one split, partials room
+// for Σ tiles_i · splits_i · 32 · 32 floats and counts Σ tiles_i ints, all 0 before the first launch
+// (tiles_i: weight i's blocks of one split).
 #include "common.cuh"
 #include "mma.cuh"
 #include "quant_blocks.cuh"
@@ -28,10 +37,22 @@ union GemmSmem {
     float part[GQ_WARPS][GQ_TOKENS][GQ_ROWS + 1];    // after the loop: each warp's sums
 };
 
+// Where the splits of one tile (32 rows x 32 tokens) meet: `sums` holds each split's 32 x 32 sums in
+// turn, `count` how many splits have finished. Null for a weight of one split.
+struct GemmSplit {
+    float* sums;
+    int* count;
+    int n;  // splits
+};
+
+// Rows row0.. of Y for the tokens of blockIdx.y, over chunks [c_begin, c_end) of the columns: into Y
+// (+ add), or, split, into split.sums[blockIdx.z] and by the tile's last split into Y.
 template <class B>
 __device__ __forceinline__ void gemm(const uint8_t* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y,
-                                     const float* __restrict__ add, int row0, int n_rows, int n_cols, int n_tok) {
+                                     const float* __restrict__ add, int row0, int n_rows, int n_cols, int n_tok,
+                                     int c_begin, int c_end, GemmSplit split) {
     __shared__ __align__(16) GemmSmem sm;
+    __shared__ bool last;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const int tok0 = blockIdx.y * GQ_TOKENS;
     const int n_tiles = min(GQ_TOKENS / 8, (n_tok - tok0 + 7) / 8);  // 8-token mma tiles holding a token
@@ -56,13 +77,13 @@ __device__ __forceinline__ void gemm(const uint8_t* __restrict__ W, const float*
     auto prefetch = [&](int c) {  // chunk c's share of the rows: for the K types, its part of the block
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-            if (row_ok[h] && c < n_chunks) prefetch_l2(w_row[h] + (size_t)c * 32 * sizeof(B) / B::elems);
+            if (row_ok[h] && c < c_end) prefetch_l2(w_row[h] + (size_t)c * 32 * sizeof(B) / B::elems);
     };
 #pragma unroll
-    for (int k = 0; k < GQ_AHEAD; ++k) prefetch(2 * (warp + k * GQ_WARPS) + half_step);
+    for (int k = 0; k < GQ_AHEAD; ++k) prefetch(c_begin + 2 * (warp + k * GQ_WARPS) + half_step);
 
     float acc[2][GQ_TOKENS / 8][4] = {};
-    for (int c0 = 2 * warp; c0 < n_chunks; c0 += 2 * GQ_WARPS) {
+    for (int c0 = c_begin + 2 * warp; c0 < c_end; c0 += 2 * GQ_WARPS) {
         const int c = c0 + half_step;
         prefetch(c + 2 * GQ_AHEAD * GQ_WARPS);
         uint4 hw[2][4];  // the lane's chunk of each of its rows as f16, from two 16-element pieces: d·q + m, one FMA an element
@@ -120,26 +141,67 @@ __device__ __forceinline__ void gemm(const uint8_t* __restrict__ W, const float*
             sm.part[warp][8 * nt + c2 + 1][rr + 8] = acc[h][nt][3];
         }
     __syncthreads();
-    for (int i = threadIdx.x; i < GQ_TOKENS * GQ_ROWS; i += blockDim.x) {
-        const int t = i / GQ_ROWS, rr = i % GQ_ROWS, tok = tok0 + t, row = row0 + rr;
-        if (tok >= n_tok || row >= n_rows) continue;
+    // f(i, at) for each element i of the tile that lies inside Y, at its index there
+    auto each_output = [&](auto&& f) {
+        for (int i = threadIdx.x; i < GQ_TOKENS * GQ_ROWS; i += blockDim.x) {
+            const int tok = tok0 + i / GQ_ROWS, row = row0 + i % GQ_ROWS;
+            if (tok < n_tok && row < n_rows) f(i, (size_t)tok * n_rows + row);
+        }
+    };
+    float* own = split.sums ? split.sums + blockIdx.z * GQ_TOKENS * GQ_ROWS : nullptr;
+    each_output([&](int i, size_t at) {
         float s = 0.0f;
 #pragma unroll
-        for (int w = 0; w < GQ_WARPS; ++w) s += sm.part[w][t][rr];
-        const size_t at = (size_t)tok * n_rows + row;
-        Y[at] = add ? add[at] + s : s;
+        for (int w = 0; w < GQ_WARPS; ++w) s += sm.part[w][i / GQ_ROWS][i % GQ_ROWS];
+        if (own)
+            own[i] = s;
+        else
+            Y[at] = add ? add[at] + s : s;
+    });
+    if (!own) return;
+    __threadfence();  // this split's sums, visible to every block before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(split.count, 1) == split.n - 1;
+        if (last) *split.count = 0;  // every split has counted: none reads it again in this launch
     }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    each_output([&](int i, size_t at) {
+        float s = 0.0f;
+        for (int z = 0; z < split.n; ++z) s += __ldcg(split.sums + z * GQ_TOKENS * GQ_ROWS + i);  // other blocks wrote them
+        Y[at] = add ? add[at] + s : s;
+    });
+}
+
+// Weight i's split tiles in partials and counts come after those of the weights before it that split.
+__device__ __forceinline__ GemmSplit split_of(int i, int u, float* partials, int* counts, int rows0, int rows1,
+                                              int splits0, int splits1, int splits) {
+    if (splits == 1) return {nullptr, nullptr, 1};
+    const int tiles0 = (rows0 + GQ_ROWS - 1) / GQ_ROWS * gridDim.y, tiles1 = (rows1 + GQ_ROWS - 1) / GQ_ROWS * gridDim.y;
+    size_t tile = (size_t)u * gridDim.y + blockIdx.y, sums = 0;  // tiles and tiles x splits before this one
+    if (i > 0 && splits0 > 1) tile += tiles0, sums += (size_t)tiles0 * splits0;
+    if (i > 1 && splits1 > 1) tile += tiles1, sums += (size_t)tiles1 * splits1;
+    sums += ((size_t)u * gridDim.y + blockIdx.y) * splits;
+    return {partials + sums * GQ_TOKENS * GQ_ROWS, counts + tile, splits};
 }
 
 #define GEMM_KERNEL(name, B)                                                                                      \
     extern "C" __global__ void __launch_bounds__(GQ_WARPS * WARP, 2)                                              \
         gemm_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const float* X, float* Y0, float* Y1,    \
-                    float* Y2, const float* add, int rows0, int rows1, int rows2, int n_cols, int n_tok) {         \
+                    float* Y2, const float* add, float* partials, int* counts, int rows0, int rows1, int rows2,   \
+                    int n_cols, int splits0, int splits1, int splits2, int n_tok) {                               \
         follow_previous_kernel();                                                                                 \
         int u = blockIdx.x;                                                                                       \
-        const int i = fused_part(u, GQ_ROWS, rows0, rows1);                                                       \
+        const int i = fused_part(u, GQ_ROWS, rows0, rows1), splits = pick(i, splits0, splits1, splits2);          \
+        if ((int)blockIdx.z >= splits) return;                                                                    \
+        const int n_chunks = n_cols / 32, n_steps = (n_chunks + 2 * GQ_WARPS - 1) / (2 * GQ_WARPS);               \
+        const int c_begin = 2 * GQ_WARPS * (blockIdx.z * n_steps / splits);                                       \
+        const int c_end = min(n_chunks, 2 * GQ_WARPS * ((blockIdx.z + 1) * n_steps / splits));                    \
         gemm<B>(pick(i, W0, W1, W2), X, pick(i, Y0, Y1, Y2), i == 0 ? add : nullptr, u * GQ_ROWS,                 \
-                pick(i, rows0, rows1, rows2), n_cols, n_tok);                                                     \
+                pick(i, rows0, rows1, rows2), n_cols, n_tok, c_begin, c_end,                                      \
+                split_of(i, u, partials, counts, rows0, rows1, splits0, splits1, splits));                        \
     }
 KERNEL_TYPES(GEMM_KERNEL)
 #undef GEMM_KERNEL

@@ -32,6 +32,10 @@ X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a ti
 # absent ones 0), and runs of up to MAX_FUSED weights are given to them together
 FUSED_WEIGHTS, FUSED_PATHS = 3, ("x16", "blocks")
 MAX_FUSED = FUSED_WEIGHTS
+# the short-prompt GEMM splits a weight's columns over blocks (each the same share) until its blocks number
+# this many an SM, its residency: 32 rows x 32 tokens a block leave most SMs idle on a 16-token prompt
+# otherwise (H200, Qwen3-8B Q4_K_M, 16 tokens: 14.42 ms a pass unsplit, 13.70 with 2, 14.02 with 4)
+GEMM_BLOCKS_AN_SM, GEMM_MAX_SPLITS = 2, 8
 # up to here a matrix of at most MATVEC_MAX_ROWS rows takes int16 passes of 8 tokens (wider ones
 # take the GEMMs past one pass): the int16 scratch holds this many tokens
 MATVEC_PASSES_MAX_TOKENS = 32
@@ -46,7 +50,9 @@ PREFILL_ATTENTION_MIN_TOKENS = 64  # kernels/attention_prefill.cu, 64 queries a 
 # kernels/attention.cu below that: the cache's slots split over up to 64 blocks a (query, head), at
 # least 32 slots each, their partial softmaxes in a scratch that bounds the splits of a long batch
 ATTENTION_MAX_SPLITS, ATTENTION_SPLIT_SLOTS, ATTENTION_PARTIALS_BYTES = 64, 32, 4 << 20
-ATTENTION_COUNTS = MAX_BATCH * 128  # (query, head) pairs whose splits the last one merges: more take one split
+# (query, head) pairs or GEMM tiles whose splits the last one merges (kernels/attention.cu, gemm.cu): more
+# (query, head) pairs take one split
+SPLIT_COUNTS = MAX_BATCH * 128
 # from here on weights are dequantized once per pass (kernels/gemm_f16.cu) instead of once per 32 tokens
 # (kernels/gemm.cu): H200, Q4_K_M prompt passes, the two paths even at ~80 tokens on Qwen3-8B and at
 # ~300 on 0.6B (whose passes the f16 path's extra launches slow), docs/perf-notes.md run 7
@@ -96,6 +102,16 @@ class Group(NamedTuple):
     rows: tuple  # after them: rows0, rows1, rows2 (absent: 0), n_cols
     absent: list[int]  # 0 for each absent weight's product
     n_rows: list[int]
+    splits: tuple  # "blocks": by token tiles of 32 less one, (grid z, each weight's splits: gemm_splits)
+
+
+def gemm_splits(n_rows: Sequence[int], n_cols: int, tiles: int, target: int) -> tuple[int, tuple[int, int, int]]:
+    """Over how many blocks kernels/gemm.cu splits each weight's columns (absent ones: 1), and the grid's z:
+    enough for `target` blocks a weight, at most one a 512-column step and GEMM_MAX_SPLITS. From the weight's
+    own shape alone, so that a product is the same bits whichever weights share its launch."""
+    steps = -(-n_cols // 512)
+    splits = [max(1, min(steps, GEMM_MAX_SPLITS, -(-target // (-(-r // 32) * tiles)))) for r in n_rows]
+    return max(splits), (*splits, *(1,) * (FUSED_WEIGHTS - len(splits)))
 
 
 class KVCache(NamedTuple):
@@ -187,7 +203,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._xh_bytes = xh_bytes = aligned(2 * MAX_BATCH * max((shape[0] for _, shape in tensors if len(shape) == 2), default=0))
         chunk_bytes = aligned(chunk_scratch_bytes(r, MAX_BATCH)) if r else 0
         scratch = (sum(aligned(4 * n) for n in ints.values()) + aligned(8 * 2 * MAX_BATCH) + aligned(8 * TOP_K_MAX + 16)
-                   + self._w16_bytes + xh_bytes + ATTENTION_PARTIALS_BYTES + aligned(4 * ATTENTION_COUNTS) + chunk_bytes)
+                   + self._w16_bytes + xh_bytes + ATTENTION_PARTIALS_BYTES + aligned(4 * SPLIT_COUNTS) + chunk_bytes
+                   + self._gemm_partials_bytes())
         # a matvec pass's x as int16 blocks (2 bytes an element, then 8 bytes (d, d·Σq) a block of 32)
         self._x16_width = max([activation_width] + [shape[0] for _, shape in tensors if len(shape) == 2])
         x16_bytes = aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width) + aligned(MATVEC_PASSES_MAX_TOKENS * self._x16_width // 4)
@@ -213,14 +230,20 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._xh = s.carve(xh_bytes) if xh_bytes else 0
         self._xh_of: Tensor | None = None  # the tensor the f16 scratch holds
         self._partials = s.carve(ATTENTION_PARTIALS_BYTES)
-        self._counts = s.carve(4 * ATTENTION_COUNTS)  # kernels/attention.cu: 0, and set back to 0 by each launch
-        self.device.drv.cuMemsetD32Async(self._counts, 0, ATTENTION_COUNTS, self.device.stream)
+        self._gemm_partials = s.carve(self._gemm_partials_bytes())
+        self._counts = s.carve(4 * SPLIT_COUNTS)  # 0, and set back to 0 by each launch that counts
+        self.device.drv.cuMemsetD32Async(self._counts, 0, SPLIT_COUNTS, self.device.stream)
         self._chunk_scratch = s.carve(chunk_bytes) if chunk_bytes else 0
         self._xq = s.carve(x16_bytes)
         self._xds = self._xq + aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width)
         self._x16_of: tuple[Tensor, int] | None = None  # (tensor, elements) the int16 scratch holds
         # (token class, the weights' addresses: carved once, never shared) -> the matmul's launches (_plan)
         self._plans: dict[tuple[int, ...], list[Group | tuple[Weight, str]]] = {}
+
+    def _gemm_partials_bytes(self) -> int:
+        """The split GEMM tiles' sums (kernels/gemm.cu) at most: a weight splits only while its tiles number
+        under the target, into at most ceil(target / tiles) splits, so under 2 x target tiles' worth each."""
+        return aligned(FUSED_WEIGHTS * 2 * GEMM_BLOCKS_AN_SM * self.device.info.multiprocessors * 32 * 32 * 4)
 
     def close(self) -> None:
         """Give the device back what reserve and the upload took, once the stream's work is done:
@@ -424,13 +447,16 @@ class CudaOps(ExpertOps, DeltaNetOps):
         """A run's launch: made when the run is first multiplied, once its weights have arrived."""
         absent, rows, n_cols = FUSED_WEIGHTS - len(group), [w.n_rows for w in group], group[0].n_cols
         weights, suffix = (*[self._ready(w) for w in group], *(0,) * absent), kernel_suffix(group[0].ggml_type)
+        splits = ()
         if path == "blocks":  # kernels/gemm.cu: 32 rows x 32 tokens a block, straight from the GGUF blocks
             kernel, per, threads = f"gemm_{suffix}", 32, 256
+            target = GEMM_BLOCKS_AN_SM * self.device.info.multiprocessors
+            splits = tuple(gemm_splits(rows, n_cols, tiles, target) for tiles in range(1, MAX_BATCH // 32 + 1))
         else:  # kernels/matvec_x16.cu: 2 rows a block (one token: 4), a warp per 1,024 columns (32 units), at most 4
             kernel, per = (f"matvec_x16_1_{suffix}", X16_DECODE_ROWS) if n_tok == 1 else (f"matvec_x16_{suffix}", 2)
             weights, threads = (*weights, self._xq, self._xds), 32 * min(4, -(-n_cols // 1024))
         return Group(path, kernel, sum(-(-r // per) for r in rows), threads, weights, (*rows, *(0,) * absent, n_cols),
-                     [0] * absent, rows)
+                     [0] * absent, rows, splits)
 
     def _matmul(self, x: Tensor, plan: list[Group | tuple[Weight, str]], add: Tensor | None = None) -> list[Tensor]:
         """The plan's launches; add summed into the one product there is where given."""
@@ -448,7 +474,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
             products += g.absent
             products.append(add.ptr if add is not None else 0)
             if g.path == "blocks":
-                dev.launch(g.kernel, (g.units, -(-x.rows // 32)), g.threads, (*g.weights, x.ptr, *products, *g.rows, x.rows))
+                tiles = -(-x.rows // 32)
+                z, splits = g.splits[tiles - 1]
+                dev.launch(g.kernel, (g.units, tiles, z), g.threads,
+                           (*g.weights, x.ptr, *products, self._gemm_partials, self._counts, *g.rows, *splits, x.rows))
                 continue
             # x to int16 blocks, unless the op that made x wrote them or a matmul before took the same x:
             # a tensor is final once the op making it returns, and holding it keeps its buffer's address
@@ -562,7 +591,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             slots = cache.shape.capacity if t == 1 else batch.start + t
             splits = max(1, min(ATTENTION_MAX_SPLITS, -(-slots // ATTENTION_SPLIT_SLOTS),
                                 ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
-            if t * n_heads > ATTENTION_COUNTS:
+            if t * n_heads > SPLIT_COUNTS:
                 splits = 1
             # out's int16 blocks beside it, from the one split or the last of several to finish (their merge)
             beside = self._x16_beside(out) if dv % 32 == 0 else (0, 0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 # <family>_<kernel suffix> (gemm_q4_K, matvec_x16_1_q6_K): one kernel a type, by a macro
 FAMILIES = {
-    "gemm": "PPPPPPPPiiiii",  # gemm.cu
+    "gemm": "PPPPPPPPPPiiiiiiii",  # gemm.cu
     "dequant_f16": "PPiii",  # gemm_f16.cu
     "get_rows": "PPPii",  # get_rows.cu
     "matvec": "PPPiii",  # matvec.cu
