@@ -22,7 +22,7 @@
 #               on the shape's file (Q4_K_M unless named) (the decode step after it too), with CHECK's and BENCH's files
 #   NCU_DETAIL="8b:16:q4_k_m:gemm_q4_K[:skip]"  ncu --set full on one launch of that kernel (after skip), $OUT/ncu-detail.txt
 #   LAUNCH_PROBE=1  tools/probe_launch_shapes.py on each MAIN_SHAPES file of QUANTS (LAUNCH_PROBE_ARGS): weights a
-#               launch, the decode matvec's grid and early weight requests against decode and prefill 16
+#               launch and the short-prompt GEMM's column splits against decode and prefill 16 and 64
 #   CROSSOVER=1 tools/probe_gemm_crossover.py on each MAIN_SHAPES Q4_K_M file: prompt passes through either GEMM
 #   PROBE=1     tools/probe_overlap.py on the first MAIN_SHAPES file (16-token prompt, n=PROBE_N, 5): the driver's
 #               init beside the host path or before it, the upload's overlap, the driver's default queues

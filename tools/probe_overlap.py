@@ -8,7 +8,8 @@ Variants: the engine as it is; every copy landed before the pass starts (no over
 driver's init waited for before the host path begins (its cuda_init_ms then alone, against the
 191-207 ms it took beside the host path in run 6 on the H200, where the whole Python floor process
 with the same driver settings had its result 192 ms after launch); the driver's default work and
-copy queues (8 each) instead of Reflex's one and one. (Earlier
+copy queues (8 each) instead of Reflex's one and one; the upload on fewer or more threads than its
+4, in smaller or larger chunks than its 32 MB. (Earlier
 variants, run against the upload as it then was, are in docs/perf-notes.md: no pinning at all,
 every chunk pinned before the first copy, the pages unpinned or not.)
 A throwaway measurement tool: the engine path is what it is, monkeypatched here per variant.
@@ -43,6 +44,15 @@ def patched(self, device):
         self._thread.join()
 backends.BackendStart.__init__ = patched
 """,
+    **{f"upload on {n} threads": f"""
+from reflex_engine.backends.cuda import upload
+init = upload.Upload.__init__
+upload.Upload.__init__ = lambda self, device, copies, buffers=(), threads=0: init(self, device, copies, buffers, {n})
+""" for n in (2, 8)},
+    **{f"upload in {mb} MB chunks": f"""
+from reflex_engine.backends.cuda import upload
+upload.plan_chunks.__defaults__ = ({mb} << 20, upload.PAGE, upload.SMALL)
+""" for mb in (8, 64)},
 }
 EIGHT_QUEUES = {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "8"}
 
