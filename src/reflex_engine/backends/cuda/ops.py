@@ -102,7 +102,7 @@ class Group(NamedTuple):
     rows: tuple  # after them: rows0, rows1, rows2 (absent: 0), n_cols
     absent: list[int]  # 0 for each absent weight's product
     n_rows: list[int]
-    splits: tuple  # "blocks": by token tiles of 32 less one, (grid z, each weight's splits: gemm_splits)
+    splits: dict[int, tuple]  # "blocks": token tiles of 32 -> (grid z, each weight's splits), gemm_splits on first use
 
 
 def gemm_splits(n_rows: Sequence[int], n_cols: int, tiles: int, target: int) -> tuple[int, tuple[int, int, int]]:
@@ -447,16 +447,13 @@ class CudaOps(ExpertOps, DeltaNetOps):
         """A run's launch: made when the run is first multiplied, once its weights have arrived."""
         absent, rows, n_cols = FUSED_WEIGHTS - len(group), [w.n_rows for w in group], group[0].n_cols
         weights, suffix = (*[self._ready(w) for w in group], *(0,) * absent), kernel_suffix(group[0].ggml_type)
-        splits = ()
         if path == "blocks":  # kernels/gemm.cu: 32 rows x 32 tokens a block, straight from the GGUF blocks
             kernel, per, threads = f"gemm_{suffix}", 32, 256
-            target = GEMM_BLOCKS_AN_SM * self.device.info.multiprocessors
-            splits = tuple(gemm_splits(rows, n_cols, tiles, target) for tiles in range(1, MAX_BATCH // 32 + 1))
         else:  # kernels/matvec_x16.cu: 2 rows a block (one token: 4), a warp per 1,024 columns (32 units), at most 4
             kernel, per = (f"matvec_x16_1_{suffix}", X16_DECODE_ROWS) if n_tok == 1 else (f"matvec_x16_{suffix}", 2)
             weights, threads = (*weights, self._xq, self._xds), 32 * min(4, -(-n_cols // 1024))
         return Group(path, kernel, sum(-(-r // per) for r in rows), threads, weights, (*rows, *(0,) * absent, n_cols),
-                     [0] * absent, rows, splits)
+                     [0] * absent, rows, {})
 
     def _matmul(self, x: Tensor, plan: list[Group | tuple[Weight, str]], add: Tensor | None = None) -> list[Tensor]:
         """The plan's launches; add summed into the one product there is where given."""
@@ -475,7 +472,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
             products.append(add.ptr if add is not None else 0)
             if g.path == "blocks":
                 tiles = -(-x.rows // 32)
-                z, splits = g.splits[tiles - 1]
+                split = g.splits.get(tiles)
+                if split is None:
+                    split = g.splits[tiles] = gemm_splits(g.n_rows, g.rows[-1], tiles, GEMM_BLOCKS_AN_SM * dev.info.multiprocessors)
+                z, splits = split
                 dev.launch(g.kernel, (g.units, tiles, z), g.threads,
                            (*g.weights, x.ptr, *products, self._gemm_partials, self._counts, *g.rows, *splits, x.rows))
                 continue
