@@ -5,13 +5,12 @@ result lines' phases side by side.
     python3 tools/probe_overlap.py MODEL [MODEL ...] [--n 3] [--prompt-tokens 1024]
 
 Variants: the engine as it is; every copy landed before the pass starts (no overlap); the
-driver's init waited for before the host path begins (its cuda_init_ms then alone, against the
-191-207 ms it took beside the host path in run 6 on the H200, where the whole Python floor process
-with the same driver settings had its result 192 ms after launch); the driver's default work and
-copy queues (8 each) instead of Reflex's one and one; the upload on fewer or more threads than its
-4, in smaller or larger chunks than its 32 MB. (Earlier
-variants, run against the upload as it then was, are in docs/perf-notes.md: no pinning at all,
-every chunk pinned before the first copy, the pages unpinned or not.)
+driver's default work and copy queues (8 each) instead of Reflex's one and one; every kernel
+loaded with the module (CUDA's eager loading) or the first pass's kernels made ready on a thread
+beside the model's load. "Marked" rows add the moments after the driver's init: the backend handed
+over, the model loaded, the pass begun (ms since the import). (Earlier variants and what they
+showed are in docs/perf-notes.md: the upload without pinning, pinned before the first copy, on 2
+or 8 threads, in 8 or 64 MB chunks; the driver's init alone before the host path.)
 A throwaway measurement tool: the engine path is what it is, monkeypatched here per variant.
 """
 import argparse
@@ -23,9 +22,48 @@ import sys
 import time
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+# the moments after the driver's init, on the result line: the backend handed over, the model loaded, the pass begun
+MARKS = """
+from reflex_engine import backends, engine, timing
+MARKS = {}
+def marking(name, f):
+    def call(*args, **kwargs):
+        if name.startswith("begin"):
+            MARKS.setdefault(name[6:] + "_ms", timing.since_start_ms())
+        out = f(*args, **kwargs)
+        MARKS.setdefault(name + "_ms", timing.since_start_ms())
+        return out
+    return call
+backends.BackendStart.ops = marking("ops_ready", backends.BackendStart.ops)
+engine.ModelFile.load = marking("load_end", engine.ModelFile.load)
+engine.Model._next_logits = marking("begin_pass_start", engine.Model._next_logits)
+reported = timing.reported_phases
+timing.reported_phases = lambda phases: {**reported(phases), **{k: round(v, 3) for k, v in MARKS.items()}}
+"""
+# the first pass's kernels (Qwen3 Q4_K_M, 16 tokens: through the fake driver) made ready on a thread as soon as the
+# backend exists, beside the model's load
+READY_KERNELS = """
+import threading
+from reflex_engine import backends
+ops = backends.BackendStart.ops
+def ready(self, *args, **kwargs):
+    cuda = ops(self, *args, **kwargs)
+    names = ["argmax_rows", "attention", "gemm_q4_K", "gemm_q6_K", "get_rows_q6_K", "kv_store", "matvec_x16_1_q6_K",
+             "norm_f32", "rope_f32", "swiglu_f32", "take_rows_f32"]
+    def work():
+        cuda.device.make_current()
+        for name in names:
+            if name not in cuda.device._kernels:
+                cuda.device._kernel(name)
+    threading.Thread(target=work, daemon=True).start()
+    return cuda
+backends.BackendStart.ops = ready
+"""
 PATCHES = {
     "as is": "",
-    "every copy landed before the pass": """
+    "as is, marked": MARKS,
+    "the pass's kernels made ready beside the load, marked": READY_KERNELS + MARKS,
+    "every copy landed before the pass, marked": MARKS + """
 from reflex_engine.backends.cuda import ops
 commit = ops.CudaOps.commit_weights
 def patched(self):
@@ -35,26 +73,9 @@ def patched(self):
     return n
 ops.CudaOps.commit_weights = patched
 """,
-    "the driver's init before the host path": """
-from reflex_engine import backends
-init = backends.BackendStart.__init__
-def patched(self, device):
-    init(self, device)
-    if self._thread is not None:
-        self._thread.join()
-backends.BackendStart.__init__ = patched
-""",
-    **{f"upload on {n} threads": f"""
-from reflex_engine.backends.cuda import upload
-init = upload.Upload.__init__
-upload.Upload.__init__ = lambda self, device, copies, buffers=(), threads=0: init(self, device, copies, buffers, {n})
-""" for n in (2, 8)},
-    **{f"upload in {mb} MB chunks": f"""
-from reflex_engine.backends.cuda import upload
-upload.plan_chunks.__defaults__ = ({mb} << 20, upload.PAGE, upload.SMALL)
-""" for mb in (8, 64)},
 }
 EIGHT_QUEUES = {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "8"}
+EAGER = {"CUDA_MODULE_LOADING": "EAGER"}  # every kernel's code on the GPU at the module's load, not at its first use
 
 
 def run(model: str, prompt: str, patch: str, env: dict) -> dict:
@@ -78,10 +99,11 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     args = ap.parse_args()
     prompt = " ".join(["hello"] * args.prompt_tokens)
-    variants = [(name, patch, {}) for name, patch in PATCHES.items()] + [("8 work + 8 copy queues", "", EIGHT_QUEUES)]
+    variants = [(name, patch, {}) for name, patch in PATCHES.items()] + [("8 work + 8 copy queues", "", EIGHT_QUEUES),
+                                                                         ("eager module loading, marked", MARKS, EAGER)]
     print(f"{args.prompt_tokens}-token prompt; first_token_ms counts from reflex_engine's import, exit_ms from the launch")
-    print("| model | variant | n | cuda_init_ms | model_load_ms | upload_ms | prompt_eval_ms | first_token_ms | exit_ms |\n"
-          "|---|---|---|---|---|---|---|---|---|")
+    print("| model | variant | n | cuda_init_ms | cuda_ready_ms | ops_ready_ms | model_load_ms | load_end_ms | pass_start_ms | "
+          "upload_ms | prompt_eval_ms | first_token_ms | exit_ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in args.models:
         for name, patch, env in variants:
             runs = [run(model, prompt, patch, env) for _ in range(args.n)]
@@ -90,8 +112,9 @@ def main() -> None:
                 print(f"| {os.path.basename(model)} | {name} | 0 | {runs[0]['error']!r} |")
                 continue
             med = lambda k: f"{statistics.median(r[k] for r in ok):.1f}" if all(k in r for r in ok) else "–"
-            print(f"| {os.path.basename(model)} | {name} | {len(ok)} | {med('cuda_init_ms')} | {med('model_load_ms')} | {med('upload_ms')} | "
-                  f"{med('prompt_eval_ms')} | {med('first_token_ms')} | {med('exit_ms')} |", flush=True)
+            cells = " | ".join(med(k) for k in ("cuda_init_ms", "cuda_ready_ms", "ops_ready_ms", "model_load_ms", "load_end_ms",
+                                                 "pass_start_ms", "upload_ms", "prompt_eval_ms", "first_token_ms", "exit_ms"))
+            print(f"| {os.path.basename(model)} | {name} | {len(ok)} | {cells} |", flush=True)
 
 
 if __name__ == "__main__":
