@@ -5,12 +5,12 @@ result lines' phases side by side.
     python3 tools/probe_overlap.py MODEL [MODEL ...] [--n 3] [--prompt-tokens 1024]
 
 Variants: the engine as it is; every copy landed before the pass starts (no overlap); the
-driver's default work and copy queues (8 each) instead of Reflex's one and one; every kernel
-loaded with the module (CUDA's eager loading) or the first pass's kernels made ready on a thread
-beside the model's load. "Marked" rows add the moments after the driver's init: the backend handed
-over, the model loaded, the pass begun (ms since the import). (Earlier variants and what they
-showed are in docs/perf-notes.md: the upload without pinning, pinned before the first copy, on 2
-or 8 threads, in 8 or 64 MB chunks; the driver's init alone before the host path.)
+driver's default work and copy queues (8 each) instead of Reflex's one and one. "Marked" rows add
+the moments after the driver's init: the backend handed over, the model loaded, the pass begun (ms
+since the import; their patch imports the engine first, so the init starts later). (Earlier
+variants and what they showed are in docs/perf-notes.md: the upload without pinning, pinned before
+the first copy, on 2 or 8 threads, in 8 or 64 MB chunks; the driver's init alone before the host
+path; CUDA's eager module loading; the first pass's kernels made ready on a thread beside the load.)
 A throwaway measurement tool: the engine path is what it is, monkeypatched here per variant.
 """
 import argparse
@@ -40,29 +40,9 @@ engine.Model._next_logits = marking("begin_pass_start", engine.Model._next_logit
 reported = timing.reported_phases
 timing.reported_phases = lambda phases: {**reported(phases), **{k: round(v, 3) for k, v in MARKS.items()}}
 """
-# the first pass's kernels (Qwen3 Q4_K_M, 16 tokens: through the fake driver) made ready on a thread as soon as the
-# backend exists, beside the model's load
-READY_KERNELS = """
-import threading
-from reflex_engine import backends
-ops = backends.BackendStart.ops
-def ready(self, *args, **kwargs):
-    cuda = ops(self, *args, **kwargs)
-    names = ["argmax_rows", "attention", "gemm_q4_K", "gemm_q6_K", "get_rows_q6_K", "kv_store", "matvec_x16_1_q6_K",
-             "norm_f32", "rope_f32", "swiglu_f32", "take_rows_f32"]
-    def work():
-        cuda.device.make_current()
-        for name in names:
-            if name not in cuda.device._kernels:
-                cuda.device._kernel(name)
-    threading.Thread(target=work, daemon=True).start()
-    return cuda
-backends.BackendStart.ops = ready
-"""
 PATCHES = {
     "as is": "",
     "as is, marked": MARKS,
-    "the pass's kernels made ready beside the load, marked": READY_KERNELS + MARKS,
     "every copy landed before the pass, marked": MARKS + """
 from reflex_engine.backends.cuda import ops
 commit = ops.CudaOps.commit_weights
@@ -75,7 +55,6 @@ ops.CudaOps.commit_weights = patched
 """,
 }
 EIGHT_QUEUES = {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "8"}
-EAGER = {"CUDA_MODULE_LOADING": "EAGER"}  # every kernel's code on the GPU at the module's load, not at its first use
 
 
 def run(model: str, prompt: str, patch: str, env: dict) -> dict:
@@ -99,8 +78,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     args = ap.parse_args()
     prompt = " ".join(["hello"] * args.prompt_tokens)
-    variants = [(name, patch, {}) for name, patch in PATCHES.items()] + [("8 work + 8 copy queues", "", EIGHT_QUEUES),
-                                                                         ("eager module loading, marked", MARKS, EAGER)]
+    variants = [(name, patch, {}) for name, patch in PATCHES.items()] + [("8 work + 8 copy queues", "", EIGHT_QUEUES)]
     print(f"{args.prompt_tokens}-token prompt; first_token_ms counts from reflex_engine's import, exit_ms from the launch")
     print("| model | variant | n | cuda_init_ms | cuda_ready_ms | ops_ready_ms | model_load_ms | load_end_ms | pass_start_ms | "
           "upload_ms | prompt_eval_ms | first_token_ms | exit_ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
