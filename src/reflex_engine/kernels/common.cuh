@@ -65,10 +65,6 @@ __device__ __forceinline__ int fused_part(int& u, int per, int rows0, int rows1)
 }
 template <class T>
 __device__ __forceinline__ T pick(int i, T a, T b, T c) { return i == 0 ? a : i == 1 ? b : c; }
-// The units of `per` rows over all three weights.
-__device__ __forceinline__ int fused_units(int per, int rows0, int rows1, int rows2) {
-    return (rows0 + per - 1) / per + (rows1 + per - 1) / per + (rows2 + per - 1) / per;
-}
 
 // Asks L2 for the line holding p, so a thread has more bytes in flight than its registers hold.
 // Not on sm_120: NVRTC 12.9 crashed (SIGSEGV) compiling the matvecs' prefetches for it (2026-12-01).
