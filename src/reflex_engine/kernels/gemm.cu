@@ -141,15 +141,15 @@ __device__ __forceinline__ void gemm(const uint8_t* __restrict__ W, const float*
             sm.part[warp][8 * nt + c2 + 1][rr + 8] = acc[h][nt][3];
         }
     __syncthreads();
-    // f(i, at) for each element i of the tile that lies inside Y, at its index there
-    auto each_output = [&](auto&& f) {
-        for (int i = threadIdx.x; i < GQ_TOKENS * GQ_ROWS; i += blockDim.x) {
-            const int tok = tok0 + i / GQ_ROWS, row = row0 + i % GQ_ROWS;
-            if (tok < n_tok && row < n_rows) f(i, (size_t)tok * n_rows + row);
-        }
+    // element i of the tile: its index in Y, or -1 past Y's tokens or rows
+    auto at_of = [&](int i) -> long long {
+        const int tok = tok0 + i / GQ_ROWS, row = row0 + i % GQ_ROWS;
+        return tok < n_tok && row < n_rows ? (long long)tok * n_rows + row : -1;
     };
     float* own = split.sums ? split.sums + blockIdx.z * GQ_TOKENS * GQ_ROWS : nullptr;
-    each_output([&](int i, size_t at) {
+    for (int i = threadIdx.x; i < GQ_TOKENS * GQ_ROWS; i += blockDim.x) {
+        const long long at = at_of(i);
+        if (at < 0) continue;
         float s = 0.0f;
 #pragma unroll
         for (int w = 0; w < GQ_WARPS; ++w) s += sm.part[w][i / GQ_ROWS][i % GQ_ROWS];
@@ -157,7 +157,7 @@ __device__ __forceinline__ void gemm(const uint8_t* __restrict__ W, const float*
             own[i] = s;
         else
             Y[at] = add ? add[at] + s : s;
-    });
+    }
     if (!own) return;
     __threadfence();  // this split's sums, visible to every block before it is counted
     __syncthreads();
@@ -168,11 +168,13 @@ __device__ __forceinline__ void gemm(const uint8_t* __restrict__ W, const float*
     __syncthreads();
     if (!last) return;
     __threadfence();
-    each_output([&](int i, size_t at) {
+    for (int i = threadIdx.x; i < GQ_TOKENS * GQ_ROWS; i += blockDim.x) {
+        const long long at = at_of(i);
+        if (at < 0) continue;
         float s = 0.0f;
         for (int z = 0; z < split.n; ++z) s += __ldcg(split.sums + z * GQ_TOKENS * GQ_ROWS + i);  // other blocks wrote them
         Y[at] = add ? add[at] + s : s;
-    });
+    }
 }
 
 // Weight i's split tiles in partials and counts come after those of the weights before it that split.
