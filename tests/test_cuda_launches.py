@@ -1,7 +1,7 @@
 """Which kernels a pass launches on the CUDA backend, counted below the binding (test_cuda_errors.py's
 fake libcuda; everything above it is real): weights reading one x share a launch where they take
-one kernel (q, k and v; gate and up), q and k are rotated together, and a short prompt's attention
-needs no merge. On the tiny
+one kernel (q, k and v; gate and up), q and k are rotated together, a short prompt's attention
+needs no merge, and the short-prompt GEMM splits only weights too small to fill the GPU. On the tiny
 Qwen3 fixture: 2 layers of 256, q 256 rows, k and v 128 each, gate, up and down 256, the tied head
 384, all Q4_K."""
 from collections import Counter
