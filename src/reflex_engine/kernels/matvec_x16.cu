@@ -34,19 +34,6 @@ __host__ __device__ __forceinline__ uint32_t sub_bytes(uint32_t w, uint32_t c) {
     return ((w | 0x80808080u) - c * 0x01010101u) ^ 0x80808080u;
 }
 
-// 16 int16 of x (8 words) at a 32-byte aligned p, through the read-only path (L1, shared by the blocks on an SM).
-__host__ __device__ __forceinline__ void x_words(const uint8_t* p, uint32_t (&w)[8]) {
-#ifdef __CUDA_ARCH__
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int4 v = __ldg(reinterpret_cast<const int4*>(p) + i);
-        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-    }
-#else
-    load_words<16>(p, w);
-#endif
-}
-
 // 32 elements of a weight row, as two runs of 16 that each share one scale: signed-byte values a
 // and b (elements k0.. and k1.. of the row), each run's value sa·a_i - ma (sb·b_i - mb). The runs
 // lie in x blocks k0 / 32 and k1 / 32, and where they are halves of one, ma and mb are half the
@@ -120,19 +107,6 @@ template <> struct x16_type<block_q5_0> {
         w.sa = w.sb = f16_to_float(load_u16(b)), w.ma = w.mb = 0.0f;
     }
 };
-
-// scale_min_k4 of sub-chunks 2j and 2j + 1 from a Q4_K/Q5_K block's first 16 bytes (d, dmin, the
-// 12 scale bytes) in one load: the pair's 6-bit values are bytes 2(j % 2), 2(j % 2) + 1 of a word.
-__host__ __device__ __forceinline__ void scale_min_k4_pair(const uint32_t (&hd)[4], int j, float& sa, float& ma,
-                                                           float& sb, float& mb) {
-    const int sh = 16 * (j % 2);
-    const uint32_t lo = hd[1] >> sh, mid = hd[2] >> sh, hi = hd[3] >> sh;
-    const uint32_t sc = j < 2 ? lo & 0x3F3F : (hi & 0x0F0F) | (lo >> 2 & 0x3030);
-    const uint32_t m = j < 2 ? mid & 0x3F3F : (hi >> 4 & 0x0F0F) | (mid >> 2 & 0x3030);
-    const float d = f16_to_float(hd[0] & 0xFFFF), dmin = f16_to_float(hd[0] >> 16);
-    sa = mul_rn(d, (float)(sc & 0xFF)), sb = mul_rn(d, (float)(sc >> 8 & 0xFF));
-    ma = mul_rn(dmin, (float)(m & 0xFF)), mb = mul_rn(dmin, (float)(m >> 8 & 0xFF));
-}
 
 // Unit u of Q4_K/Q5_K: the 16 bytes qs[32j + 16h ..] of block u / 8 (j = u % 8 / 2, h = u % 2):
 // elements 16h.. of sub-chunk 2j in their low nibbles (run a), of sub-chunk 2j + 1 in their high

@@ -1,5 +1,6 @@
-// Tensor-core building blocks shared by the GEMMs and the prefill attention: warp-level
-// mma.sync on f16 with f32 accumulators, ldmatrix, and cp.async global -> shared copies.
+// Tensor-core building blocks shared by the GEMMs, the prefill attention and the decode matvec:
+// warp-level mma.sync on f16 with f32 accumulators and on bytes with int32 ones, ldmatrix, and
+// cp.async global -> shared copies.
 // Fragment layouts (PTX ISA, "mma.m16n8k16"), g = lane / 4, c = lane % 4:
 //   A (16 x 16, row-major) a[0..3]: (g, 2c..2c+1), (g + 8, 2c..), (g, 2c + 8..), (g + 8, 2c + 8..)
 //   B (16 x 8, k x n)      b[0..1]: (k 2c..2c+1, n g), (k 2c + 8.., n g)
@@ -22,6 +23,37 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[2]), "r"(a[3]), "r"(b[1]));
+#endif
+}
+
+// c += a b for one 16 x 8 x 32 tile of bytes, exactly, in int32: a unsigned, b signed or (B_UNSIGNED)
+// unsigned. Fragments as above with four bytes a register, the lowest k in the low byte:
+//   A a[0..3]: (g, 4c..4c+3), (g + 8, 4c..), (g, 4c + 16..), (g + 8, 4c + 16..)
+//   B b[0..1]: (k 4c..4c+3, n g), (k 4c + 16.., n g);  C as for f16.
+// sm_75 has only m8n8k16: four of them (a[0] and a[2] make rows g, a[1] and a[3] rows g + 8).
+template <bool B_UNSIGNED>
+__device__ __forceinline__ void mma_u8_16832(int (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if __CUDA_ARCH__ >= 800
+    if constexpr (B_UNSIGNED)
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // (rows, k half): (g, 0), (g + 8, 0), (g, 1), (g + 8, 1)
+        int& c0 = c[2 * (i % 2)];
+        int& c1 = c[2 * (i % 2) + 1];
+        if constexpr (B_UNSIGNED)
+            asm volatile("mma.sync.aligned.m8n8k16.row.col.s32.u8.u8.s32 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+                         : "+r"(c0), "+r"(c1) : "r"(a[i]), "r"(b[i / 2]));
+        else
+            asm volatile("mma.sync.aligned.m8n8k16.row.col.s32.u8.s8.s32 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+                         : "+r"(c0), "+r"(c1) : "r"(a[i]), "r"(b[i / 2]));
+    }
 #endif
 }
 

@@ -4,6 +4,7 @@
 // a matvec's input may write them beside it (ops.py then skips quantize_x16): the same bits either way.
 #pragma once
 #include "common.cuh"
+#include "quant_blocks.cuh"
 
 // rint(v / d), clamped: a subnormal d keeps so few bits that max |x| / d may pass 32767.
 __device__ __forceinline__ int quant16(float v, float d) {
@@ -39,4 +40,17 @@ __device__ __forceinline__ void store_x16(const float (&v)[N], bool in, int i, u
         for (int k = 0; k < N; ++k) reinterpret_cast<int16_t*>(xq)[N * i + k] = (int16_t)q[k];
     }
     if (i % LANES == 0) xds[i / LANES] = make_float2(d, d * (float)sum);
+}
+
+// 16 int16 of x (8 words) at a 32-byte aligned p, through the read-only path (L1, shared by the blocks on an SM).
+__host__ __device__ __forceinline__ void x_words(const uint8_t* p, uint32_t (&w)[8]) {
+#ifdef __CUDA_ARCH__
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int4 v = __ldg(reinterpret_cast<const int4*>(p) + i);
+        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+#else
+    load_words<16>(p, w);
+#endif
 }

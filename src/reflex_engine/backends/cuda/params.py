@@ -14,6 +14,7 @@ FAMILIES = {
     "grouped_matvec": "PqPPPii",
     "matvec_x16": "PPPPPPPPPiiiii",  # matvec_x16.cu
     "matvec_x16_1": "PPPPPPPPPiiii",
+    "matvec_x16_mma": "PPPPPPPPPiiii",  # matvec_x16_mma.cu
     "stacked_matvec": "PqPPPiiiii",  # moe.cu
     "experts_down": "PqPPPPiii",
 }

@@ -1,0 +1,127 @@
+// The decode matvec of Q4_K on tensor cores: y = x_deq · Wᵀ for one token, from the int16 x blocks
+// matvec_x16.cu reads (x16.cuh), to the same sums: every weight quant times its x quant is an exact
+// integer product, summed exactly in int32 over each 32-element sub-block, then scaled in float once.
+// Why: there the int16 dot products (__dp2a) cost ~4 instructions a weight, and at that rate the
+// H200 waits on instruction issue, not memory (docs/perf-notes.md, run 9); here it is ~1.3.
+//
+// A (16 rows x 32 k) of a byte mma (mma.cuh) holds the quants as bytes, straight from the nibbles.
+// B's 8 columns would be 8 tokens; with one token they carry the superblock's 8 sub-blocks instead
+// ("slots"): B[k][n] is x's quant of k's element where that element lies in sub-block n, else 0, so
+// C[row][n] is sub-block n's integer dot product, which the row's scale and min of n turn into a float.
+// x's int16 quants go in as two byte planes, C = 256·C(high bytes, signed) + C(low bytes, unsigned):
+// |C| <= 15 · 32767 · 32 < 2^24, exact in float too.
+//
+// Lane (g, c) holds rows g + 8r of the block (r = 0..3: two tiles of 16) and the 16 bytes qs[64G + 16c ..]
+// (G = 0, 1) of each row's superblock: elements 16h.. (h = c % 2) of sub-blocks 2j (low nibbles) and
+// 2j + 1 (high) with j = 2G + c / 2, a word (4 elements) a k-group of the mma. As a B lane it holds
+// the x of slot g, nonzero only in the mmas of that sub-block (G = g / 4, high nibbles iff g is odd)
+// and only where its c covers the sub-block's elements it gives (c / 2 = g / 2 % 2): elements 16h..
+// of sub-block g. Its C columns are slots 2c and 2c + 1: the lane scales sub-blocks 2c and 2c + 1.
+// A block is 32 rows; its warps take every n-th superblock of them and meet in shared memory.
+#include "common.cuh"
+#include "mma.cuh"
+#include "quant_blocks.cuh"
+#include "x16.cuh"
+
+constexpr int XM_ROWS = 32;  // rows a block: two 16-row tiles a warp, each B (x) serving both
+constexpr int XM_WARPS = 8;  // the most warps a block has, splitting its rows' superblocks
+
+// The low nibbles (HIGH false) or high ones of a word's 4 bytes, as 4 unsigned bytes.
+template <bool HIGH>
+__device__ __forceinline__ uint32_t nibbles(uint32_t w) {
+    return (HIGH ? w >> 4 : w) & 0x0F0F0F0Fu;
+}
+
+// Rows row0.. row0 + 31 of y for one token; every thread of the block calls it.
+__device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, const uint8_t* __restrict__ xq,
+                                                const float2* __restrict__ xds, float* __restrict__ y,
+                                                const float* __restrict__ add, int row0, int n_rows, int n_cols) {
+    __shared__ float partial[XM_WARPS][XM_ROWS];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
+    const int g = lane / 4, c = lane % 4;
+    const size_t stride = row_bytes<block_q4_K>(n_cols);
+    const uint8_t* rows[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r)  // rows past n_rows re-read the last one and are never stored
+        rows[r] = W + (size_t)min(row0 + g + 8 * r, n_rows - 1) * stride;
+    // the mma (2G + high) whose B is this lane's x, or none
+    const int own_mma = c / 2 == g / 2 % 2 ? 2 * (g / 4) + g % 2 : -1;
+
+    float acc[4] = {};
+    for (int s = warp; s < n_cols / 256; s += n_warps) {
+        uint4 head[4], qs[4][2];  // d, dmin and the scales; the lane's 16 bytes of each 64
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const uint4* b = reinterpret_cast<const uint4*>(rows[r] + (size_t)sizeof(block_q4_K) * s);
+            head[r] = __ldg(b), qs[r][0] = __ldg(b + 1 + c), qs[r][1] = __ldg(b + 5 + c);
+        }
+        uint32_t high[4] = {}, low[4] = {};  // x's 16 quants as bytes, 4 a word
+        if (own_mma >= 0) {
+            uint32_t w[8];
+            x_words(xq + 2 * ((size_t)256 * s + 32 * g + 16 * (c % 2)), w);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) high[i] = __byte_perm(w[2 * i], w[2 * i + 1], 0x7531), low[i] = __byte_perm(w[2 * i], w[2 * i + 1], 0x6420);
+        }
+        const float4 xd = __ldg(reinterpret_cast<const float4*>(xds + 8 * s + 2 * c));  // (d, d·Σq) of sub-blocks 2c, 2c + 1
+
+        int ch[2][4] = {}, cl[2][4] = {};
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {  // G = m / 2; high nibbles for odd m
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {  // the lane's words 2p, 2p + 1
+                const bool own = m == own_mma;
+                const uint32_t bh[2] = {own ? high[2 * p] : 0u, own ? high[2 * p + 1] : 0u};
+                const uint32_t bl[2] = {own ? low[2 * p] : 0u, own ? low[2 * p + 1] : 0u};
+#pragma unroll
+                for (int t = 0; t < 2; ++t) {
+                    const uint4 &u0 = qs[2 * t][m / 2], &u1 = qs[2 * t + 1][m / 2];
+                    const uint32_t w0[2] = {p ? u0.z : u0.x, p ? u0.w : u0.y}, w1[2] = {p ? u1.z : u1.x, p ? u1.w : u1.y};
+                    uint32_t a[4];
+                    if (m % 2)
+                        a[0] = nibbles<true>(w0[0]), a[1] = nibbles<true>(w1[0]), a[2] = nibbles<true>(w0[1]), a[3] = nibbles<true>(w1[1]);
+                    else
+                        a[0] = nibbles<false>(w0[0]), a[1] = nibbles<false>(w1[0]), a[2] = nibbles<false>(w0[1]), a[3] = nibbles<false>(w1[1]);
+                    mma_u8_16832<false>(ch[t], a, bh);
+                    mma_u8_16832<true>(cl[t], a, bl);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {  // row g + 8r: tile r / 2, C's row g (+ 8 for odd r)
+            const uint32_t hd[4] = {head[r].x, head[r].y, head[r].z, head[r].w};
+            float sa, ma, sb, mb;
+            scale_min_k4_pair(hd, c, sa, ma, sb, mb);
+            const int k = 2 * (r % 2), t = r / 2;
+            const int ia = 256 * ch[t][k] + cl[t][k], ib = 256 * ch[t][k + 1] + cl[t][k + 1];
+            acc[r] += fmaf(sa * xd.x, (float)ia, sb * xd.z * (float)ib) - fmaf(ma, xd.y, mb * xd.w);
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {  // the row's 4 lanes (its 8 slots), then the warps in order
+        float v = acc[r];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if (c == 0) partial[warp][g + 8 * r] = v;
+    }
+    __syncthreads();
+    const int row = row0 + threadIdx.x;
+    if (threadIdx.x < XM_ROWS && row < n_rows) {
+        float v = 0.0f;
+        for (int w = 0; w < n_warps; ++w) v += partial[w][threadIdx.x];
+        y[row] = add ? add[row] + v : v;
+    }
+}
+
+// y_i (rows_i) = x_deq · W_iᵀ for one token and up to three Q4_K weights (common.cuh fused_part; + add,
+// as y0, where not null), from the int16 blocks xq, xds of x (n_cols).
+// LAUNCH: block = 32 · min(XM_WARPS, n_cols / 256); grid = Σ ceil(rows_i / XM_ROWS); n_cols % 256 == 0.
+extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, 2)
+    matvec_x16_mma_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds,
+                        float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols) {
+    follow_previous_kernel();
+    int u = blockIdx.x;
+    const int i = fused_part(u, XM_ROWS, rows0, rows1);
+    matvec_mma_q4_K(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS,
+                    pick(i, rows0, rows1, rows2), n_cols);
+}
