@@ -42,7 +42,7 @@ def test_a_prompt_pass_shares_launches_between_weights_of_one_kernel(record):
         pass
     # 16 tokens: the short-prompt GEMM for q, o, gate + up (one launch) and down; k + v (128 rows each,
     # the passes at any length) one launch; the head for the last token alone
-    assert matmul_launches(names) == {"gemm_q4_K": 2 * 4, "matvec_x16_q4_K": 2 * 1, "matvec_x16_mma_q4_K": 1}
+    assert matmul_launches(names) == {"gemm_q4_K": 2 * 4, "matvec_x16_q4_K": 2 * 1, "matvec_x16_1_q4_K": 1}
     # its attention splits the 16 slots it reaches, not the cache's 512: one split, no merge
     assert names.count("attention") == 2 and "attention_combine" not in names
     assert names.count("rope_f32") == 2  # q and k (each normed) in one launch a layer
@@ -56,7 +56,7 @@ def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
     names.clear()
     next(steps)  # one decode step
     # one token: q + k + v, o, gate + up, down a layer, then the head
-    assert matmul_launches(names) == {"matvec_x16_mma_q4_K": 2 * 4 + 1}
+    assert matmul_launches(names) == {"matvec_x16_1_q4_K": 2 * 4 + 1}
     # a decode step splits the whole cache (one grid for every position, as its graph replays it), and the
     # last split to finish merges them: no launch of its own
     assert names.count("attention") == 2 and "attention_combine" not in names

@@ -199,13 +199,14 @@ def test_ops_that_feed_a_matvec_leave_it_their_int16_blocks_bit_for_bit(gpu):
             np.testing.assert_array_equal(got, want, err_msg=f"{op}, {n_tok} tokens")
 
 
-@pytest.mark.parametrize("qtype,n_rows", [("Q4_K", 96), ("Q8_0", 300), ("Q4_1", 96), ("F16", 300)])  # int16 and float passes; GEMMs
-def test_matmul_sums_the_residual_it_is_given_into_the_product(gpu, qtype, n_rows):
+@pytest.mark.parametrize("qtype,n_rows,n_cols", [("Q4_K", 96, 512), ("Q8_0", 300, 512), ("Q4_1", 96, 512), ("F16", 300, 512),
+                                                 ("Q4_K", 70, 4096)])  # int16 and float passes (one token: tensor cores); GEMMs
+def test_matmul_sums_the_residual_it_is_given_into_the_product(gpu, qtype, n_rows, n_cols):
     """matmul(x, w, add=r) is r + matmul(x, w) to the bit, whether the matvec sums r in its own
     stores (the int16 kernels, the short-prompt GEMM) or an add follows the product (every other path)."""
-    w_gpu = both(gpu, qtype, n_rows, 512)[1]
+    w_gpu = both(gpu, qtype, n_rows, n_cols)[1]
     for n_tok in (1, 5, 40, 200):
-        x, r = (rng.standard_normal((n_tok, s)).astype(np.float32) for s in (512, n_rows))
+        x, r = (rng.standard_normal((n_tok, s)).astype(np.float32) for s in (n_cols, n_rows))
         xt = host(gpu, x)
         product = gpu.to_host(gpu.matmul(xt, w_gpu))
         got = gpu.to_host(gpu.matmul(xt, w_gpu, add=gpu.from_host(r)))
@@ -216,8 +217,10 @@ def test_matmul_sums_the_residual_it_is_given_into_the_product(gpu, qtype, n_row
                                           ([("Q8_0", 256), ("Q8_0", 70), ("Q8_0", 96)], 512),
                                           ([("Q4_K", 256), ("Q4_K", 130), ("Q6_K", 160), ("Q4_1", 140), ("Q4_1", 100)], 512),
                                           # the short-prompt GEMM splits each weight's 5 column steps its own way
-                                          ([("Q4_K", 96), ("Q4_K", 1000), ("Q4_K", 6000)], 2304)],
-                         ids=["q4_K", "q8_0", "mixed", "split"])
+                                          ([("Q4_K", 96), ("Q4_K", 1000), ("Q4_K", 6000)], 2304),
+                                          # one token on tensor cores (kernels/matvec_x16_mma.cu), 32 rows a block
+                                          ([("Q4_K", 300), ("Q4_K", 40), ("Q4_K", 64)], 4096)],
+                         ids=["q4_K", "q8_0", "mixed", "split", "mma"])
 def test_matmuls_equal_the_matmuls_one_by_one(gpu, kinds, n_cols):
     """Weights reading one x (q, k, v; gate, up) that share a launch (a grid over all their rows) give
     each product to the bit as its own launch does: at every path's token counts, with weights of one

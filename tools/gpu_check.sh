@@ -23,6 +23,8 @@
 #   NCU_DETAIL="8b:16:q4_k_m:gemm_q4_K[:skip]"  ncu --set full on one launch of that kernel (after skip), $OUT/ncu-detail.txt
 #   LAUNCH_PROBE=1  tools/probe_launch_shapes.py on each MAIN_SHAPES file of QUANTS (LAUNCH_PROBE_ARGS): weights a
 #               launch and the short-prompt GEMM's column splits against decode and prefill 16 and 64
+#   VARIANTS=1  tools/probe_launch_shapes.py (VARIANT_ARGS) on each MAIN_SHAPES Q4_K_M file with each kernel image in
+#               .variants/ (sm_90 images built here from edited constants) in place of the carried one
 #   CROSSOVER=1 tools/probe_gemm_crossover.py on each MAIN_SHAPES Q4_K_M file: prompt passes through either GEMM
 #   PROBE=1     tools/probe_overlap.py on the first MAIN_SHAPES file (16-token prompt, n=PROBE_N, 5): the driver's
 #               init beside the host path or before it, the upload's overlap, the driver's default queues
@@ -113,7 +115,7 @@ fi
 model_file() { case $1 in dsv2-lite|qwen35-*) echo "/tmp/$1-$2.gguf" ;; *) echo "/tmp/qwen3-$1-$2.gguf" ;; esac; }
 MOE_SHAPES=${MOE_SHAPES:-30b-a3b dsv2-lite}
 q4_only() { case " $MOE_SHAPES " in *" $1 "*) return 0 ;; esac; return 1; }  # the MoE files: Q4_K_M alone
-if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ] || [ -n "${NCU:-}" ] || [ -n "${NCU_DETAIL:-}" ] || [ "${LAUNCH_PROBE:-0}" = 1 ] || [ "${CROSSOVER:-0}" = 1 ]; then
+if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ] || [ -n "${NCU:-}" ] || [ -n "${NCU_DETAIL:-}" ] || [ "${LAUNCH_PROBE:-0}" = 1 ] || [ "${CROSSOVER:-0}" = 1 ] || [ "${VARIANTS:-0}" = 1 ]; then
     tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
     QUANTS=${QUANTS:-q4_k_m}
     SHAPES=${MAIN_SHAPES:-0.6b 8b}; [ "${MOE:-0}" = 1 ] && SHAPES="$SHAPES $MOE_SHAPES"; [ "${HYBRID:-0}" = 1 ] && SHAPES="$SHAPES qwen35-0.8b"
@@ -163,6 +165,18 @@ if [ "${LAUNCH_PROBE:-0}" = 1 ]; then  # the matmuls' launch shapes
             python3 tools/probe_launch_shapes.py "$(model_file $shape $quant)" ${LAUNCH_PROBE_ARGS:-} 2>&1 | tee -a "$LOG"
         done
     done
+fi
+
+if [ "${VARIANTS:-0}" = 1 ]; then  # kernel images built here with other constants, each in turn in place of the carried one
+    cp -r src/reflex_engine/cuda_image /tmp/main_image
+    for v in .variants/*/; do
+        rm -rf src/reflex_engine/cuda_image && cp -r "$v" src/reflex_engine/cuda_image
+        for shape in ${MAIN_SHAPES:-0.6b 8b}; do
+            echo "### variant $(basename "$v")" | tee -a "$LOG"
+            python3 tools/probe_launch_shapes.py "$(model_file $shape q4_k_m)" --fused 3 --gemm-blocks 2 ${VARIANT_ARGS:-} 2>&1 | tee -a "$LOG"
+        done
+    done
+    rm -rf src/reflex_engine/cuda_image && cp -r /tmp/main_image src/reflex_engine/cuda_image
 fi
 
 if [ "${CROSSOVER:-0}" = 1 ]; then

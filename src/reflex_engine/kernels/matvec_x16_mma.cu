@@ -25,11 +25,75 @@
 
 constexpr int XM_ROWS = 32;  // rows a block: two 16-row tiles a warp, each B (x) serving both
 constexpr int XM_WARPS = 8;  // the most warps a block has, splitting its rows' superblocks
+constexpr int XM_AHEAD = 1;  // VARIANT superblocks a warp loads before it multiplies them
+constexpr int XM_MIN_BLOCKS = 2;  // VARIANT
 
 // The low nibbles (HIGH false) or high ones of a word's 4 bytes, as 4 unsigned bytes.
 template <bool HIGH>
 __device__ __forceinline__ uint32_t nibbles(uint32_t w) {
     return (HIGH ? w >> 4 : w) & 0x0F0F0F0Fu;
+}
+
+// What a lane reads of one superblock: its 4 rows' d, dmin and scales (head) and 16 bytes of each 64
+// of quants; as a B lane x's 16 quants as bytes, 4 a word; the (d, d·Σq) of x's sub-blocks 2c, 2c + 1.
+struct XmPart {
+    uint4 head[4], qs[4][2];
+    uint32_t high[4], low[4];
+    float4 xd;
+};
+
+__device__ __forceinline__ void load_part(XmPart& p, const uint8_t* const (&rows)[4], const uint8_t* __restrict__ xq,
+                                          const float2* __restrict__ xds, int s, int g, int c, bool b_lane) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const uint4* b = reinterpret_cast<const uint4*>(rows[r] + (size_t)sizeof(block_q4_K) * s);
+        p.head[r] = __ldg(b), p.qs[r][0] = __ldg(b + 1 + c), p.qs[r][1] = __ldg(b + 5 + c);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p.high[i] = p.low[i] = 0u;
+    if (b_lane) {
+        uint32_t w[8];
+        x_words(xq + 2 * ((size_t)256 * s + 32 * g + 16 * (c % 2)), w);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p.high[i] = __byte_perm(w[2 * i], w[2 * i + 1], 0x7531), p.low[i] = __byte_perm(w[2 * i], w[2 * i + 1], 0x6420);
+    }
+    p.xd = __ldg(reinterpret_cast<const float4*>(xds + 8 * s + 2 * c));
+}
+
+// The superblock's products into the lane's 4 rows' sums (row g + 8r: acc[r]); own_mma: the mma (2G + high)
+// whose B is the lane's x, or -1.
+__device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mma, float (&acc)[4]) {
+    int ch[2][4] = {}, cl[2][4] = {};
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {  // G = m / 2; high nibbles for odd m
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // the lane's words 2h, 2h + 1
+            const bool own = m == own_mma;
+            const uint32_t bh[2] = {own ? p.high[2 * h] : 0u, own ? p.high[2 * h + 1] : 0u};
+            const uint32_t bl[2] = {own ? p.low[2 * h] : 0u, own ? p.low[2 * h + 1] : 0u};
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+                const uint4 &u0 = p.qs[2 * t][m / 2], &u1 = p.qs[2 * t + 1][m / 2];
+                const uint32_t w0[2] = {h ? u0.z : u0.x, h ? u0.w : u0.y}, w1[2] = {h ? u1.z : u1.x, h ? u1.w : u1.y};
+                uint32_t a[4];
+                if (m % 2)
+                    a[0] = nibbles<true>(w0[0]), a[1] = nibbles<true>(w1[0]), a[2] = nibbles<true>(w0[1]), a[3] = nibbles<true>(w1[1]);
+                else
+                    a[0] = nibbles<false>(w0[0]), a[1] = nibbles<false>(w1[0]), a[2] = nibbles<false>(w0[1]), a[3] = nibbles<false>(w1[1]);
+                mma_u8_16832<false>(ch[t], a, bh);
+                mma_u8_16832<true>(cl[t], a, bl);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {  // row g + 8r: tile r / 2, C's row g (+ 8 for odd r)
+        const uint32_t hd[4] = {p.head[r].x, p.head[r].y, p.head[r].z, p.head[r].w};
+        float sa, ma, sb, mb;
+        scale_min_k4_pair(hd, c, sa, ma, sb, mb);
+        const int k = 2 * (r % 2), t = r / 2;
+        const int ia = 256 * ch[t][k] + cl[t][k], ib = 256 * ch[t][k + 1] + cl[t][k + 1];
+        acc[r] += fmaf(sa * p.xd.x, (float)ia, sb * p.xd.z * (float)ib) - fmaf(ma, p.xd.y, mb * p.xd.w);
+    }
 }
 
 // Rows row0.. row0 + 31 of y for one token; every thread of the block calls it.
@@ -38,63 +102,23 @@ __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, c
                                                 const float* __restrict__ add, int row0, int n_rows, int n_cols) {
     __shared__ float partial[XM_WARPS][XM_ROWS];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
-    const int g = lane / 4, c = lane % 4;
+    const int g = lane / 4, c = lane % 4, n_super = n_cols / 256;
     const size_t stride = row_bytes<block_q4_K>(n_cols);
     const uint8_t* rows[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r)  // rows past n_rows re-read the last one and are never stored
         rows[r] = W + (size_t)min(row0 + g + 8 * r, n_rows - 1) * stride;
-    // the mma (2G + high) whose B is this lane's x, or none
     const int own_mma = c / 2 == g / 2 % 2 ? 2 * (g / 4) + g % 2 : -1;
 
     float acc[4] = {};
-    for (int s = warp; s < n_cols / 256; s += n_warps) {
-        uint4 head[4], qs[4][2];  // d, dmin and the scales; the lane's 16 bytes of each 64
+    for (int s = warp; s < n_super; s += XM_AHEAD * n_warps) {
+        XmPart part[XM_AHEAD];
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const uint4* b = reinterpret_cast<const uint4*>(rows[r] + (size_t)sizeof(block_q4_K) * s);
-            head[r] = __ldg(b), qs[r][0] = __ldg(b + 1 + c), qs[r][1] = __ldg(b + 5 + c);
-        }
-        uint32_t high[4] = {}, low[4] = {};  // x's 16 quants as bytes, 4 a word
-        if (own_mma >= 0) {
-            uint32_t w[8];
-            x_words(xq + 2 * ((size_t)256 * s + 32 * g + 16 * (c % 2)), w);
+        for (int k = 0; k < XM_AHEAD; ++k)
+            if (k == 0 || s + k * n_warps < n_super) load_part(part[k], rows, xq, xds, s + k * n_warps, g, c, own_mma >= 0);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) high[i] = __byte_perm(w[2 * i], w[2 * i + 1], 0x7531), low[i] = __byte_perm(w[2 * i], w[2 * i + 1], 0x6420);
-        }
-        const float4 xd = __ldg(reinterpret_cast<const float4*>(xds + 8 * s + 2 * c));  // (d, d·Σq) of sub-blocks 2c, 2c + 1
-
-        int ch[2][4] = {}, cl[2][4] = {};
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {  // G = m / 2; high nibbles for odd m
-#pragma unroll
-            for (int p = 0; p < 2; ++p) {  // the lane's words 2p, 2p + 1
-                const bool own = m == own_mma;
-                const uint32_t bh[2] = {own ? high[2 * p] : 0u, own ? high[2 * p + 1] : 0u};
-                const uint32_t bl[2] = {own ? low[2 * p] : 0u, own ? low[2 * p + 1] : 0u};
-#pragma unroll
-                for (int t = 0; t < 2; ++t) {
-                    const uint4 &u0 = qs[2 * t][m / 2], &u1 = qs[2 * t + 1][m / 2];
-                    const uint32_t w0[2] = {p ? u0.z : u0.x, p ? u0.w : u0.y}, w1[2] = {p ? u1.z : u1.x, p ? u1.w : u1.y};
-                    uint32_t a[4];
-                    if (m % 2)
-                        a[0] = nibbles<true>(w0[0]), a[1] = nibbles<true>(w1[0]), a[2] = nibbles<true>(w0[1]), a[3] = nibbles<true>(w1[1]);
-                    else
-                        a[0] = nibbles<false>(w0[0]), a[1] = nibbles<false>(w1[0]), a[2] = nibbles<false>(w0[1]), a[3] = nibbles<false>(w1[1]);
-                    mma_u8_16832<false>(ch[t], a, bh);
-                    mma_u8_16832<true>(cl[t], a, bl);
-                }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {  // row g + 8r: tile r / 2, C's row g (+ 8 for odd r)
-            const uint32_t hd[4] = {head[r].x, head[r].y, head[r].z, head[r].w};
-            float sa, ma, sb, mb;
-            scale_min_k4_pair(hd, c, sa, ma, sb, mb);
-            const int k = 2 * (r % 2), t = r / 2;
-            const int ia = 256 * ch[t][k] + cl[t][k], ib = 256 * ch[t][k + 1] + cl[t][k + 1];
-            acc[r] += fmaf(sa * xd.x, (float)ia, sb * xd.z * (float)ib) - fmaf(ma, xd.y, mb * xd.w);
-        }
+        for (int k = 0; k < XM_AHEAD; ++k)
+            if (k == 0 || s + k * n_warps < n_super) multiply_part(part[k], c, own_mma, acc);
     }
 
 #pragma unroll
@@ -116,7 +140,7 @@ __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, c
 // y_i (rows_i) = x_deq · W_iᵀ for one token and up to three Q4_K weights (common.cuh fused_part; + add,
 // as y0, where not null), from the int16 blocks xq, xds of x (n_cols).
 // LAUNCH: block = 32 · min(XM_WARPS, n_cols / 256); grid = Σ ceil(rows_i / XM_ROWS); n_cols % 256 == 0.
-extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, 2)
+extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, XM_MIN_BLOCKS)
     matvec_x16_mma_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds,
                         float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols) {
     follow_previous_kernel();

@@ -29,9 +29,11 @@ MATVEC_MAX_TOKENS = 8  # kernels/matvec.cu: up to 8 tokens share one pass over t
 X16_MATVEC_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a time (matvec_x16_1_<type>)
 # kernels/matvec_x16_mma.cu: one token's matvec of these types on tensor cores instead, from the same
-# int16 blocks to the same integer sums: 32 rows a block, a warp per 256 columns of its rows, at most 8
+# int16 blocks to the same integer sums: 32 rows a block, a warp per 256 columns of its rows, at most 8;
+# for rows of at least X16_MMA_MIN_COLS columns (H200, decode tok/s against matvec_x16_1: Qwen3-8B Q4_K_M,
+# 4,096 and 12,288 columns, 360 against 335; Qwen3-0.6B, mostly 1,024, 978-1,012 against 1,061)
 X16_MMA_TYPES = (GGMLType.Q4_K,)
-X16_MMA_ROWS, X16_MMA_WARPS = 32, 8
+X16_MMA_ROWS, X16_MMA_WARPS, X16_MMA_MIN_COLS = 32, 8, 4096
 # the int16 matvecs and the short-prompt GEMM take three weights of one type in one launch (q, k, v; the
 # absent ones 0), and runs of up to MAX_FUSED weights are given to them together
 FUSED_WEIGHTS, FUSED_PATHS = 3, ("x16", "blocks")
@@ -453,7 +455,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         weights, suffix = (*[self._ready(w) for w in group], *(0,) * absent), kernel_suffix(group[0].ggml_type)
         if path == "blocks":  # kernels/gemm.cu: 32 rows x 32 tokens a block, straight from the GGUF blocks
             kernel, per, threads = f"gemm_{suffix}", 32, 256
-        elif n_tok == 1 and group[0].ggml_type in X16_MMA_TYPES:
+        elif n_tok == 1 and group[0].ggml_type in X16_MMA_TYPES and n_cols >= X16_MMA_MIN_COLS:
             kernel, per, threads = f"matvec_x16_mma_{suffix}", X16_MMA_ROWS, 32 * min(X16_MMA_WARPS, n_cols // 256)
             weights = (*weights, self._xq, self._xds)
         else:  # kernels/matvec_x16.cu: 2 rows a block (one token: 4), a warp per 1,024 columns (32 units), at most 4
