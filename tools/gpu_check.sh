@@ -23,8 +23,8 @@
 #   NCU_DETAIL="8b:16:q4_k_m:gemm_q4_K[:skip]"  ncu --set full on one launch of that kernel (after skip), $OUT/ncu-detail.txt
 #   LAUNCH_PROBE=1  tools/probe_launch_shapes.py on each MAIN_SHAPES file of QUANTS (LAUNCH_PROBE_ARGS): weights a
 #               launch and the short-prompt GEMM's column splits against decode and prefill 16 and 64
-#   VARIANTS=1  tools/probe_launch_shapes.py (VARIANT_ARGS) on each MAIN_SHAPES Q4_K_M file with each kernel image in
-#               .variants/ (sm_90 images built here from edited constants) in place of the carried one
+#   VARIANTS=1  tools/probe_launch_shapes.py (the image's probe_args file, else VARIANT_ARGS) on each MAIN_SHAPES Q4_K_M
+#               file with each kernel image in .variants/ (sm_90 images built here from edited constants) in place of the carried one
 #   CROSSOVER=1 tools/probe_gemm_crossover.py on each MAIN_SHAPES Q4_K_M file: prompt passes through either GEMM
 #   PROBE=1     tools/probe_overlap.py on the first MAIN_SHAPES file (16-token prompt, n=PROBE_N, 5): the driver's
 #               init beside the host path or before it, the upload's overlap, the driver's default queues
@@ -173,7 +173,8 @@ if [ "${VARIANTS:-0}" = 1 ]; then  # kernel images built here with other constan
         rm -rf src/reflex_engine/cuda_image && cp -r "$v" src/reflex_engine/cuda_image
         for shape in ${MAIN_SHAPES:-0.6b 8b}; do
             echo "### variant $(basename "$v")" | tee -a "$LOG"
-            python3 tools/probe_launch_shapes.py "$(model_file $shape q4_k_m)" --fused 3 --gemm-blocks 2 ${VARIANT_ARGS:-} 2>&1 | tee -a "$LOG"
+            python3 tools/probe_launch_shapes.py "$(model_file $shape q4_k_m)" --fused 3 --gemm-blocks 2 \
+                $(cat "$v/probe_args" 2>/dev/null || echo "${VARIANT_ARGS:-}") 2>&1 | tee -a "$LOG"
         done
     done
     rm -rf src/reflex_engine/cuda_image && cp -r /tmp/main_image src/reflex_engine/cuda_image

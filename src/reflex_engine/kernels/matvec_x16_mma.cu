@@ -25,8 +25,6 @@
 
 constexpr int XM_ROWS = 32;  // rows a block: two 16-row tiles a warp, each B (x) serving both
 constexpr int XM_WARPS = 8;  // the most warps a block has, splitting its rows' superblocks
-constexpr int XM_AHEAD = 1;  // VARIANT superblocks a warp loads before it multiplies them
-constexpr int XM_MIN_BLOCKS = 2;  // VARIANT
 
 // The low nibbles (HIGH false) or high ones of a word's 4 bytes, as 4 unsigned bytes.
 template <bool HIGH>
@@ -111,14 +109,10 @@ __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, c
     const int own_mma = c / 2 == g / 2 % 2 ? 2 * (g / 4) + g % 2 : -1;
 
     float acc[4] = {};
-    for (int s = warp; s < n_super; s += XM_AHEAD * n_warps) {
-        XmPart part[XM_AHEAD];
-#pragma unroll
-        for (int k = 0; k < XM_AHEAD; ++k)
-            if (k == 0 || s + k * n_warps < n_super) load_part(part[k], rows, xq, xds, s + k * n_warps, g, c, own_mma >= 0);
-#pragma unroll
-        for (int k = 0; k < XM_AHEAD; ++k)
-            if (k == 0 || s + k * n_warps < n_super) multiply_part(part[k], c, own_mma, acc);
+    for (int s = warp; s < n_super; s += n_warps) {
+        XmPart part;
+        load_part(part, rows, xq, xds, s, g, c, own_mma >= 0);
+        multiply_part(part, c, own_mma, acc);
     }
 
 #pragma unroll
@@ -140,7 +134,7 @@ __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, c
 // y_i (rows_i) = x_deq · W_iᵀ for one token and up to three Q4_K weights (common.cuh fused_part; + add,
 // as y0, where not null), from the int16 blocks xq, xds of x (n_cols).
 // LAUNCH: block = 32 · min(XM_WARPS, n_cols / 256); grid = Σ ceil(rows_i / XM_ROWS); n_cols % 256 == 0.
-extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, XM_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, 2)
     matvec_x16_mma_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds,
                         float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols) {
     follow_previous_kernel();

@@ -492,14 +492,20 @@ __host__ __device__ __forceinline__ void scale_min_k4(half d, half dmin, const u
     ml = mul_rn(__half2float(dmin), (float)m);
 }
 
-// scale_min_k4 of sub-chunks 2j and 2j + 1 from a Q4_K/Q5_K block's first 16 bytes (d, dmin, the
-// 12 scale bytes) in one load: the pair's 6-bit values are bytes 2(j % 2), 2(j % 2) + 1 of a word.
-__host__ __device__ __forceinline__ void scale_min_k4_pair(const uint32_t (&hd)[4], int j, float& sa, float& ma,
-                                                           float& sb, float& mb) {
+// The 6-bit scales and mins of sub-chunks 2j and 2j + 1 from a Q4_K/Q5_K block's first 16 bytes (d, dmin,
+// the 12 scale bytes) in one load: sc and m each hold sub-chunk 2j's in byte 0, 2j + 1's in byte 1.
+__host__ __device__ __forceinline__ void scale_min_k4_bytes(const uint32_t (&hd)[4], int j, uint32_t& sc, uint32_t& m) {
     const int sh = 16 * (j % 2);
     const uint32_t lo = hd[1] >> sh, mid = hd[2] >> sh, hi = hd[3] >> sh;
-    const uint32_t sc = j < 2 ? lo & 0x3F3F : (hi & 0x0F0F) | (lo >> 2 & 0x3030);
-    const uint32_t m = j < 2 ? mid & 0x3F3F : (hi >> 4 & 0x0F0F) | (mid >> 2 & 0x3030);
+    sc = j < 2 ? lo & 0x3F3F : (hi & 0x0F0F) | (lo >> 2 & 0x3030);
+    m = j < 2 ? mid & 0x3F3F : (hi >> 4 & 0x0F0F) | (mid >> 2 & 0x3030);
+}
+
+// scale_min_k4 of sub-chunks 2j and 2j + 1 from the same 16 bytes.
+__host__ __device__ __forceinline__ void scale_min_k4_pair(const uint32_t (&hd)[4], int j, float& sa, float& ma,
+                                                           float& sb, float& mb) {
+    uint32_t sc, m;
+    scale_min_k4_bytes(hd, j, sc, m);
     const float d = f16_to_float(hd[0] & 0xFFFF), dmin = f16_to_float(hd[0] >> 16);
     sa = mul_rn(d, (float)(sc & 0xFF)), sb = mul_rn(d, (float)(sc >> 8 & 0xFF));
     ma = mul_rn(dmin, (float)(m & 0xFF)), mb = mul_rn(dmin, (float)(m >> 8 & 0xFF));

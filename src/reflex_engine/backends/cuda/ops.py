@@ -29,19 +29,26 @@ MATVEC_MAX_TOKENS = 8  # kernels/matvec.cu: up to 8 tokens share one pass over t
 X16_MATVEC_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a time (matvec_x16_1_<type>)
 # kernels/matvec_x16_mma.cu: one token's matvec of these types on tensor cores instead, from the same
-# int16 blocks to the same integer sums: 32 rows a block, a warp per 256 columns of its rows, at most 8;
-# for rows of at least X16_MMA_MIN_COLS columns (H200, decode tok/s against matvec_x16_1: Qwen3-8B Q4_K_M,
-# 4,096 and 12,288 columns, 360 against 335; Qwen3-0.6B, mostly 1,024, 978-1,012 against 1,061)
+# int16 blocks to the same integer sums: 32 rows a block, a warp per 256 columns of its rows, at most 8
 X16_MMA_TYPES = (GGMLType.Q4_K,)
-X16_MMA_ROWS, X16_MMA_WARPS, X16_MMA_MIN_COLS = 32, 8, 4096
+X16_MMA_ROWS, X16_MMA_WARPS = 32, 8
+# the tensor-core matvec and short-prompt GEMM (kernels/gemm_frag.cu) take rows of at least this many columns:
+# narrower, their blocks (32 rows, a warp per 256 columns) are too few and short (H200, Qwen3-0.6B, mostly
+# 1,024 columns: decode 978-1,012 tok/s against 1,061, prefill 16 6.5 ms against 5.1; Qwen3-8B, 4,096 and
+# 12,288: decode 360 against 335, prefill 16 8.2 ms against 14.0)
+MMA_MIN_COLS = 4096
 # the int16 matvecs and the short-prompt GEMM take three weights of one type in one launch (q, k, v; the
 # absent ones 0), and runs of up to MAX_FUSED weights are given to them together
-FUSED_WEIGHTS, FUSED_PATHS = 3, ("x16", "blocks")
+FUSED_WEIGHTS, FUSED_PATHS = 3, ("x16", "blocks", "frag")
 MAX_FUSED = FUSED_WEIGHTS
 # the short-prompt GEMM splits a weight's columns over blocks (each the same share) until its blocks number
 # this many an SM, its residency: 32 rows x 32 tokens a block leave most SMs idle on a 16-token prompt
 # otherwise (H200, Qwen3-8B Q4_K_M, 16 tokens: 14.42 ms a pass unsplit, 13.70 with 2, 14.02 with 4)
 GEMM_BLOCKS_AN_SM, GEMM_MAX_SPLITS = 2, 8
+# kernels/gemm_frag.cu: the short-prompt GEMM of these types without shared tiles, x as f16: 32 rows by 16
+# tokens a block, a warp per 256 columns of its rows, at most GEMM_FRAG_WARPS
+GEMM_FRAG_TYPES = (GGMLType.Q4_K,)
+GEMM_FRAG_ROWS, GEMM_FRAG_TOKENS, GEMM_FRAG_WARPS = 32, 16, 8
 # up to here a matrix of at most MATVEC_MAX_ROWS rows takes int16 passes of 8 tokens (wider ones
 # take the GEMMs past one pass): the int16 scratch holds this many tokens
 MATVEC_PASSES_MAX_TOKENS = 32
@@ -439,7 +446,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
 
     def _path(self, x: Tensor, weight: Weight) -> str:
         """Which kernels multiply x with the weight: "x16" (int16 matvec passes), "float" (float
-        matvec passes), "blocks" (the short-prompt GEMM) or "f16" (the long-prompt GEMM)."""
+        matvec passes), "blocks" or "frag" (the short-prompt GEMMs) or "f16" (the long-prompt GEMM)."""
         n_cols, n_rows = weight.n_cols, weight.n_rows
         if x.rows <= MATVEC_MAX_TOKENS or n_rows <= MATVEC_MAX_ROWS or n_cols % 32:
             # a weight wider than reserve planned the int16 scratch for keeps the float kernel, as do passes past 32 tokens
@@ -447,7 +454,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             return "x16" if x16 else "float"
         if x.rows >= F16_GEMM_MIN_TOKENS and 2 * n_cols <= self._w16_bytes and 2 * x.rows * n_cols <= self._xh_bytes:
             return "f16"
-        return "blocks"
+        return "frag" if weight.ggml_type in GEMM_FRAG_TYPES and n_cols >= MMA_MIN_COLS else "blocks"
 
     def _group(self, group: list[Weight], path: str, n_tok: int) -> Group:
         """A run's launch: made when the run is first multiplied, once its weights have arrived."""
@@ -455,7 +462,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
         weights, suffix = (*[self._ready(w) for w in group], *(0,) * absent), kernel_suffix(group[0].ggml_type)
         if path == "blocks":  # kernels/gemm.cu: 32 rows x 32 tokens a block, straight from the GGUF blocks
             kernel, per, threads = f"gemm_{suffix}", 32, 256
-        elif n_tok == 1 and group[0].ggml_type in X16_MMA_TYPES and n_cols >= X16_MMA_MIN_COLS:
+        elif path == "frag":
+            kernel, per, threads = f"gemm_frag_{suffix}", GEMM_FRAG_ROWS, 32 * min(GEMM_FRAG_WARPS, n_cols // 256)
+        elif n_tok == 1 and group[0].ggml_type in X16_MMA_TYPES and n_cols >= MMA_MIN_COLS:
             kernel, per, threads = f"matvec_x16_mma_{suffix}", X16_MMA_ROWS, 32 * min(X16_MMA_WARPS, n_cols // 256)
             weights = (*weights, self._xq, self._xds)
         else:  # kernels/matvec_x16.cu: 2 rows a block (one token: 4), a warp per 1,024 columns (32 units), at most 4
@@ -488,6 +497,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 dev.launch(g.kernel, (g.units, tiles, z), g.threads,
                            (*g.weights, x.ptr, *products, self._gemm_partials, self._counts, *g.rows, *splits, x.rows))
                 continue
+            if g.path == "frag":
+                self._to_f16(x)
+                dev.launch(g.kernel, (g.units, -(-x.rows // GEMM_FRAG_TOKENS)), g.threads, (*g.weights, self._xh, *products, *g.rows, x.rows))
+                continue
             # x to int16 blocks, unless the op that made x wrote them or a matmul before took the same x:
             # a tensor is final once the op making it returns, and holding it keeps its buffer's address
             n = x.rows * x.cols
@@ -518,9 +531,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         weight rows as the scratch holds dequantized to f16, then the tensor-core GEMM writes their
         columns of out (add's summed in); repeated until every row is done."""
         dev, k, t = self.device, weight.n_cols, x.rows
-        if self._xh_of is not x:
-            dev.launch("to_f16", (-(-t * k // 1024),), 256, (x.ptr, self._xh, t * k))
-            self._xh_of = x
+        self._to_f16(x)
         step = max(2, self._w16_bytes // (2 * k) // 2 * 2)  # even: out's float2 stores stay 8-byte aligned
         for r0 in range(0, weight.n_rows, step):
             rows = min(step, weight.n_rows - r0)
@@ -530,6 +541,13 @@ class CudaOps(ExpertOps, DeltaNetOps):
             dev.launch(f"gemm_f16_{tile}", (-(-rows // tile), -(-t // tile)), 256 if big else 128,
                        (self._w16, self._xh, out.ptr + 4 * r0, add.ptr + 4 * r0 if add is not None else 0,
                         rows, k, t, weight.n_rows))
+
+    def _to_f16(self, x: Tensor) -> None:
+        """x rounded to f16 in the scratch (kernels/gemm_f16.cu to_f16), unless it holds this x already."""
+        if self._xh_of is not x:
+            n = x.rows * x.cols
+            self.device.launch("to_f16", (-(-n // 1024),), 256, (x.ptr, self._xh, n))
+            self._xh_of = x
 
     def _elementwise(self, kernel: str, a: Tensor, b: Tensor) -> Tensor:
         out = self._new(a.rows, a.cols)

@@ -8,6 +8,7 @@ from __future__ import annotations
 # <family>_<kernel suffix> (gemm_q4_K, matvec_x16_1_q6_K): one kernel a type, by a macro
 FAMILIES = {
     "gemm": "PPPPPPPPPPiiiiiiii",  # gemm.cu
+    "gemm_frag": "PPPPPPPPiiiii",  # gemm_frag.cu
     "dequant_f16": "PPiii",  # gemm_f16.cu
     "get_rows": "PPPii",  # get_rows.cu
     "matvec": "PPPiii",  # matvec.cu
