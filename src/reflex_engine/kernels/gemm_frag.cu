@@ -1,4 +1,4 @@
-// Short prompts' Q4_K matmul on tensor cores, with no shared tile: Y (n_tok, n_rows) = X · Wᵀ (+ add),
+// Short prompts' Q4_K and Q8_0 matmuls on tensor cores, with no shared tile: Y (n_tok, n_rows) = X · Wᵀ (+ add),
 // X as f16 (gemm_f16.cu's to_f16). Each lane reads its rows' quants as matvec_x16_mma.cu's lanes do
 // (rows g + 8r of a block of 32, the 16 bytes 64G + 16c of each superblock's 128) in whole 16-byte
 // loads, and makes its own A fragments of them, exact: two bytes into the halves of a word (prmt), a
@@ -34,9 +34,10 @@ __device__ __forceinline__ uint32_t scaled_pair(uint32_t bytes, __half2 k_mul, _
     return as_u32(__hfma2(*reinterpret_cast<const __half2*>(&v), k_mul, k_add));
 }
 
-// The rows' superblock s times X's tokens into acc[t][tt] (rows 16t + g (+ 8), tokens 8tt + 2c (+ 1)).
-__device__ __forceinline__ void gemm_frag_superblock(const uint8_t* const (&rows)[4], const __half* const (&x)[2],
-                                                     int s, int c, float (&acc)[2][2][4]) {
+// Step s (elements 256s..256s + 255) of the rows times X's tokens into acc[t][tt] (rows 16t + g (+ 8), tokens
+// 8tt + 2c (+ 1)), one overload a type. Q4_K: step s is superblock s.
+__device__ __forceinline__ void frag_step(const block_q4_K*, const uint8_t* const (&rows)[4], const __half* const (&x)[2],
+                                          int s, int c, float (&acc)[2][2][4]) {
     uint4 head[4], qs[4][2];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {  // L2 only: L1 keeps X
@@ -104,14 +105,53 @@ __device__ __forceinline__ void gemm_frag_superblock(const uint8_t* const (&rows
     }
 }
 
+// Q8_0: step s is blocks 8s..8s + 7, each a sum of its own: lane (g, c) takes elements 8c..8c + 7 of every block
+// (two mmas: pairs (8c, 8c + 1), (8c + 2, 8c + 3), then (8c + 4, ..), (8c + 6, ..)), q exact as f16 (bytes into
+// the halves, | 0x6400 with the sign bit flipped is 1152 + q), and d scales each block's sums in float32.
+__device__ __forceinline__ void frag_step(const block_q8_0*, const uint8_t* const (&rows)[4], const __half* const (&x)[2],
+                                          int s, int c, float (&acc)[2][2][4]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const size_t block = (size_t)8 * s + k;
+        uint32_t a[2][2][4];  // [mma][tile]: rows g, g + 8
+        float d[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const uint8_t* b = rows[r] + sizeof(block_q8_0) * block;
+            uint32_t w[2];
+            load_words_shifted(b + 2 + 8 * c, w);  // reach: as block_q8_0::piece's
+            d[r] = f16_to_float(load_u16(b));
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {  // pair i: bytes 2(i % 2), 2(i % 2) + 1 of word i / 2
+                const uint32_t v = (__byte_perm(w[i / 2], 0u, i % 2 ? 0x4342 : 0x4140) & 0x00FF00FFu) ^ 0x64806480u;
+                a[i / 2][r / 2][r % 2 + 2 * (i % 2)] = as_u32(__hsub2(*reinterpret_cast<const __half2*>(&v), __float2half2_rn(1152.0f)));
+            }
+        }
+#pragma unroll
+        for (int tt = 0; tt < 2; ++tt) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4*>(x[tt] + 32 * block + 8 * c));
+            const uint32_t b[2][2] = {{v.x, v.y}, {v.z, v.w}};
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+                float sum[4] = {};
+                mma_16816(sum, a[0][t], b[0]);
+                mma_16816(sum, a[1][t], b[1]);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[t][tt][i] = fmaf(d[2 * t + i / 2], sum[i], acc[t][tt][i]);
+            }
+        }
+    }
+}
+
 // Rows row0.. row0 + 31 of Y for tokens tok0.. tok0 + 15; every thread of the block calls it.
-__device__ __forceinline__ void gemm_frag_q4_K(const uint8_t* __restrict__ W, const __half* __restrict__ X,
+template <class B>
+__device__ __forceinline__ void gemm_frag(const uint8_t* __restrict__ W, const __half* __restrict__ X,
                                                float* __restrict__ Y, const float* __restrict__ add, int row0,
                                                int n_rows, int n_cols, int tok0, int n_tok) {
     __shared__ float partial[GF_WARPS][GF_TOKENS][GF_ROWS + 1];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
     const int g = lane / 4, c = lane % 4;
-    const size_t stride = row_bytes<block_q4_K>(n_cols);
+    const size_t stride = row_bytes<B>(n_cols);
     const uint8_t* rows[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r)  // rows past n_rows re-read the last one and are never stored
@@ -122,7 +162,7 @@ __device__ __forceinline__ void gemm_frag_q4_K(const uint8_t* __restrict__ W, co
         x[tt] = X + (size_t)min(tok0 + 8 * tt + g, n_tok - 1) * n_cols;
 
     float acc[2][2][4] = {};
-    for (int s = warp; s < n_cols / 256; s += n_warps) gemm_frag_superblock(rows, x, s, c, acc);
+    for (int s = warp; s < n_cols / 256; s += n_warps) frag_step(static_cast<const B*>(nullptr), rows, x, s, c, acc);
 
 #pragma unroll
     for (int t = 0; t < 2; ++t)
@@ -141,16 +181,20 @@ __device__ __forceinline__ void gemm_frag_q4_K(const uint8_t* __restrict__ W, co
     }
 }
 
-// Y_i (n_tok, rows_i) = X · W_iᵀ for up to three Q4_K weights (common.cuh fused_part; + add, as Y0, where not
-// null), X (n_tok, n_cols) as f16.
+// Y_i (n_tok, rows_i) = X · W_iᵀ for up to three weights of one type (common.cuh fused_part; + add, as Y0, where
+// not null), X (n_tok, n_cols) as f16.
 // LAUNCH: block = 32 · min(GF_WARPS, n_cols / 256); grid = (Σ ceil(rows_i / GF_ROWS), ceil(n_tok / GF_TOKENS));
 // n_cols % 256 == 0.
-extern "C" __global__ void __launch_bounds__(GF_WARPS * WARP, 1)
-    gemm_frag_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const __half* X, float* Y0, float* Y1,
-                   float* Y2, const float* add, int rows0, int rows1, int rows2, int n_cols, int n_tok) {
-    follow_previous_kernel();
-    int u = blockIdx.x;
-    const int i = fused_part(u, GF_ROWS, rows0, rows1);
-    gemm_frag_q4_K(pick(i, W0, W1, W2), X, pick(i, Y0, Y1, Y2), i == 0 ? add : nullptr, u * GF_ROWS,
-                   pick(i, rows0, rows1, rows2), n_cols, blockIdx.y * GF_TOKENS, n_tok);
-}
+#define GEMM_FRAG_KERNEL(name, B)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GF_WARPS * WARP, 1)                                              \
+        gemm_frag_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const __half* X, float* Y0,     \
+                         float* Y1, float* Y2, const float* add, int rows0, int rows1, int rows2, int n_cols, int n_tok) { \
+        follow_previous_kernel();                                                                                 \
+        int u = blockIdx.x;                                                                                       \
+        const int i = fused_part(u, GF_ROWS, rows0, rows1);                                                       \
+        gemm_frag<B>(pick(i, W0, W1, W2), X, pick(i, Y0, Y1, Y2), i == 0 ? add : nullptr, u * GF_ROWS,            \
+                     pick(i, rows0, rows1, rows2), n_cols, blockIdx.y * GF_TOKENS, n_tok);                        \
+    }
+GEMM_FRAG_KERNEL(q4_K, block_q4_K)
+GEMM_FRAG_KERNEL(q8_0, block_q8_0)
+#undef GEMM_FRAG_KERNEL

@@ -47,7 +47,7 @@ MAX_FUSED = FUSED_WEIGHTS
 GEMM_BLOCKS_AN_SM, GEMM_MAX_SPLITS = 2, 8
 # kernels/gemm_frag.cu: the short-prompt GEMM of these types without shared tiles, x as f16: 32 rows by 16
 # tokens a block, a warp per 256 columns of its rows, at most GEMM_FRAG_WARPS
-GEMM_FRAG_TYPES = (GGMLType.Q4_K,)
+GEMM_FRAG_TYPES = (GGMLType.Q4_K, GGMLType.Q8_0)
 GEMM_FRAG_ROWS, GEMM_FRAG_TOKENS, GEMM_FRAG_WARPS = 32, 16, 8
 # up to here a matrix of at most MATVEC_MAX_ROWS rows takes int16 passes of 8 tokens (wider ones
 # take the GEMMs past one pass): the int16 scratch holds this many tokens
@@ -454,7 +454,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
             return "x16" if x16 else "float"
         if x.rows >= F16_GEMM_MIN_TOKENS and 2 * n_cols <= self._w16_bytes and 2 * x.rows * n_cols <= self._xh_bytes:
             return "f16"
-        return "frag" if weight.ggml_type in GEMM_FRAG_TYPES and n_cols >= MMA_MIN_COLS else "blocks"
+        frag = weight.ggml_type in GEMM_FRAG_TYPES and n_cols >= MMA_MIN_COLS and n_cols % 256 == 0
+        return "frag" if frag else "blocks"
 
     def _group(self, group: list[Weight], path: str, n_tok: int) -> Group:
         """A run's launch: made when the run is first multiplied, once its weights have arrived."""
