@@ -1,17 +1,17 @@
 // Short prompts' Q4_K and Q8_0 matmuls on tensor cores, with no shared tile: Y (n_tok, n_rows) = X · Wᵀ (+ add),
-// X as f16 (gemm_f16.cu's to_f16). Each lane reads its rows' quants as matvec_x16_mma.cu's lanes do
-// (rows g + 8r of a block of 32, the 16 bytes 64G + 16c of each superblock's 128) in whole 16-byte
-// loads, and makes its own A fragments of them, exact: two bytes into the halves of a word (prmt), a
-// nibble each into an f16 through the mantissa (| 0x6400 is 1024 + q), then one f16 FMA to sc·q (<= 945,
-// an integer f16 holds). A weight is d·sc·q - dmin·m, so per superblock one mma sums sc·q·x and another
-// m·x (A: the sub-block's m, broadcast), and d and dmin scale the two in float32 once: the only rounding
-// is X's to f16 (gemm.cu rounds every weight to f16 too). X's f16 goes from memory straight into the B
-// fragments. Why: gemm.cu stages f16 tiles for ldmatrix from pieces each lane loads 4-16 bytes at a
-// time across 16 rows, and on the H200 that is L1-bound (84%) at 6% of DRAM's rate (docs/perf-notes.md,
-// run 9); here a weight byte is loaded once per 16 tokens, 16 bytes a lane, 64 contiguous a row, past L1
-// (which keeps X, read again by every block).
+// X as f16 (gemm_f16.cu's to_f16), for rows of 4,096 columns or more (ops.py). Each lane loads its own rows'
+// quants and makes its own A fragments of them, exact. Q4_K: as matvec_x16_mma.cu's lanes load them (rows
+// g + 8r of a block of 32, the 16 bytes 64G + 16c of each superblock's 128); two bytes into the halves of a
+// word (prmt), a nibble each into an f16 through the mantissa (| 0x6400 is 1024 + q), then one f16 FMA to
+// sc·q (<= 945, an integer f16 holds). A weight is d·sc·q - dmin·m, so per superblock one mma sums sc·q·x
+// and another m·x (A: the sub-block's m, broadcast), and d and dmin scale the two in float32 once. Q8_0: see
+// its frag_step. The only rounding is X's, to f16 (gemm.cu also rounds every weight to f16). X's f16 goes
+// from memory straight into the B fragments. Why: gemm.cu stages f16 tiles for ldmatrix from pieces each
+// lane loads 4-16 bytes at a time across 16 rows, and on the H200 that is L1-bound (84%) at 6% of DRAM's
+// rate (docs/perf-notes.md, run 9); here a weight byte is loaded once per 16 tokens, Q4_K's 16 bytes a lane
+// and 64 contiguous a row, past L1 (which keeps X, read again by every block).
 //
-// Lane (g, c)'s word i of a 16-byte piece holds elements 4i..4i+3 of the piece's low-nibble run (elements
+// Q4_K: lane (g, c)'s word i of a 16-byte piece holds elements 4i..4i+3 of the piece's low-nibble run (elements
 // 16h.. of sub-block 2j, h = c % 2, j = 2G + c / 2) and of its high-nibble run (sub-block 2j + 1): the
 // mmas of a run take its word i's pairs (4i, 4i + 1) in a0 and (4i + 2, 4i + 3) in a2; as a B lane, token
 // g gives x at the same elements. A block is 32 rows by 16 tokens; its warps take every n-th superblock

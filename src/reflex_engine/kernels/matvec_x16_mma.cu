@@ -2,7 +2,8 @@
 // matvec_x16.cu reads (x16.cuh), to the same sums: every weight quant times its x quant is an exact
 // integer product, summed exactly in int32 over each 32-element sub-block, then scaled in float once.
 // Why: there the int16 dot products (__dp2a) cost ~4 instructions a weight, and at that rate the
-// H200 waits on instruction issue, not memory (docs/perf-notes.md, run 9); here it is ~1.3.
+// H200 waits on instruction issue, not memory (docs/perf-notes.md, run 9); here ~1.9 (run 10: 8B's gate
+// and up 30.7 -> 23.6 us). ops.py takes it for rows of 4,096 columns or more: narrower, it was slower.
 //
 // A (16 rows x 32 k) of a byte mma (mma.cuh) holds the quants as bytes, straight from the nibbles.
 // B's 8 columns would be 8 tokens; with one token they carry the superblock's 8 sub-blocks instead
