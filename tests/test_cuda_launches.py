@@ -1,15 +1,19 @@
 """Which kernels a pass launches on the CUDA backend, counted below the binding (test_cuda_errors.py's
 fake libcuda; everything above it is real): weights reading one x share a launch where they take
 one kernel (q, k and v; gate and up), q and k are rotated together, a short prompt's attention
-needs no merge, and the short-prompt GEMM splits only weights too small to fill the GPU. On the tiny
-Qwen3 fixture: 2 layers of 256, q 256 rows, k and v 128 each, gate, up and down 256, the tied head
-384, all Q4_K."""
+needs no merge, the short-prompt GEMM splits only weights too small to fill the GPU, and wide rows take
+the tensor-core kernels. On the tiny Qwen3 fixture: 2 layers of 256, q 256 rows, k and v 128 each, gate,
+up and down 256, the tied head 384, all Q4_K."""
 from collections import Counter
 
+import numpy as np
 import pytest
 
 import reflex_engine
 from reflex_engine.backends.cuda import device as device_module
+from reflex_engine.backends.cuda import ops as ops_module
+from reflex_engine.gguf.constants import GGML_BLOCK, GGMLType
+from reflex_engine.ops import CacheShape
 from reflex_engine.sampling import SamplingParams
 from test_cuda_errors import MODEL, fake  # noqa: F401 (a fixture)
 
@@ -84,3 +88,36 @@ def test_a_short_prompts_gemm_splits_the_columns_of_weights_too_small_to_fill_th
                 assert blocks * s < 2 * target or s == 1  # what ops.py sizes the scratch for
                 # the same splits beside other weights: a product's bits do not depend on its company
                 assert gemm_splits([64, rows, 9000], n_cols, tiles, target)[1][1] == s
+
+
+def test_rows_of_4096_columns_or_more_take_the_tensor_core_kernels(fake, monkeypatch):  # noqa: F811
+    """One token's Q4_K matvec (kernels/matvec_x16_mma.cu) and a short prompt's Q4_K and Q8_0 GEMM
+    (kernels/gemm_frag.cu) run on tensor cores for rows of ops.MMA_MIN_COLS columns or more; narrower rows
+    and the other types keep the int16 matvec and gemm.cu, faster there on the H200 (docs/perf-notes.md run 10)."""
+    fake()
+    names: list[str] = []
+    launch = device_module.Device.launch
+    monkeypatch.setattr(device_module.Device, "launch", lambda self, name, *a, **kw: (names.append(name), launch(self, name, *a, **kw)))
+    shapes = [(t, n_cols) for t in (GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q6_K) for n_cols in (1024, 4096)]
+    ops = ops_module.CudaOps()
+    ops.reserve([(t, (n_cols, 256)) for t, n_cols in shapes], CacheShape(1, 16, 64, 64), activation_width=4 * 4096)
+    weights = {}
+    for t, n_cols in shapes:
+        block, size = GGML_BLOCK[t]
+        weights[t, n_cols] = ops.load_weight("w", t, (n_cols, 256), bytes(256 * n_cols // block * size))
+    ops.commit_weights()
+    chosen = {}
+    for (t, n_cols), w in weights.items():
+        for n_tok in (1, 16):
+            x = ops.from_host(np.zeros((n_tok, n_cols), np.float32))
+            names.clear()
+            ops.matmul(x, w)
+            chosen[t.name, n_cols, n_tok] = [n for n in names if n.startswith(("gemm", "matvec"))]
+    assert chosen == {
+        ("Q4_K", 1024, 1): ["matvec_x16_1_q4_K"], ("Q4_K", 1024, 16): ["gemm_q4_K"],
+        ("Q4_K", 4096, 1): ["matvec_x16_mma_q4_K"], ("Q4_K", 4096, 16): ["gemm_frag_q4_K"],
+        ("Q8_0", 1024, 1): ["matvec_x16_1_q8_0"], ("Q8_0", 1024, 16): ["gemm_q8_0"],
+        ("Q8_0", 4096, 1): ["matvec_x16_1_q8_0"], ("Q8_0", 4096, 16): ["gemm_frag_q8_0"],
+        ("Q6_K", 1024, 1): ["matvec_x16_1_q6_K"], ("Q6_K", 1024, 16): ["gemm_q6_K"],
+        ("Q6_K", 4096, 1): ["matvec_x16_1_q6_K"], ("Q6_K", 4096, 16): ["gemm_q6_K"],
+    }

@@ -37,7 +37,7 @@ X16_MMA_ROWS, X16_MMA_WARPS = 32, 8
 # 1,024 columns: decode 978-1,012 tok/s against 1,061, prefill 16 6.5 ms against 5.1; Qwen3-8B, 4,096 and
 # 12,288: decode 360 against 335, prefill 16 8.2 ms against 14.0)
 MMA_MIN_COLS = 4096
-# the int16 matvecs and the short-prompt GEMM take three weights of one type in one launch (q, k, v; the
+# the int16 matvecs and the short-prompt GEMMs take three weights of one type in one launch (q, k, v; the
 # absent ones 0), and runs of up to MAX_FUSED weights are given to them together
 FUSED_WEIGHTS, FUSED_PATHS = 3, ("x16", "blocks", "frag")
 MAX_FUSED = FUSED_WEIGHTS
