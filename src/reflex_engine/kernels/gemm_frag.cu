@@ -23,8 +23,6 @@
 constexpr int GF_ROWS = 32, GF_TOKENS = 16;
 constexpr int GF_WARPS = 8;  // the most warps a block has, splitting its rows' superblocks
 
-__device__ __forceinline__ uint32_t as_u32(__half2 h) { return *reinterpret_cast<const uint32_t*>(&h); }
-
 // sc·q of two elements of a 4-bit run, exact in f16: bytes holding them in the halves of a word (as prmt
 // selects them, 0x4140 or 0x4342), their low nibbles (HIGH false) or high ones; k = (sc, -1024·sc) for low
 // nibbles, (sc / 16, -64·sc) for high ones, as f16 pairs.

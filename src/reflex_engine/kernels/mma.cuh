@@ -72,11 +72,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
+// An f16x2 as the register an mma operand takes.
+__device__ __forceinline__ uint32_t as_u32(__half2 h) { return *reinterpret_cast<const uint32_t*>(&h); }
+
 // Two f32 as one f16x2 register, x in the low half.
-__device__ __forceinline__ uint32_t pack_half2(float x, float y) {
-    const __half2 h = __floats2half2_rn(x, y);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
+__device__ __forceinline__ uint32_t pack_half2(float x, float y) { return as_u32(__floats2half2_rn(x, y)); }
 
 // Eight f32 as four f16x2 registers, in order: 16 bytes of a row of f16.
 __device__ __forceinline__ uint4 pack_half8(const float* v) {

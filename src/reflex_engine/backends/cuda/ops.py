@@ -107,7 +107,7 @@ def token_class(n_tok: int) -> int:
 class Group(NamedTuple):
     """A run of weights that one launch multiplies with the same x (ops.py _plan): its kernel and
     every argument that does not change between calls, made once."""
-    path: str  # "x16" or "blocks" (FUSED_PATHS)
+    path: str  # "x16", "blocks" or "frag" (FUSED_PATHS)
     kernel: str
     units: int  # blocks over all the rows
     threads: int
