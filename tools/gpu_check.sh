@@ -23,11 +23,13 @@
 #   NCU_DETAIL="8b:16:q4_k_m:gemm_q4_K[:skip]"  ncu --set full on one launch of that kernel (after skip), $OUT/ncu-detail.txt
 #   LAUNCH_PROBE=1  tools/probe_launch_shapes.py on each MAIN_SHAPES file of QUANTS (LAUNCH_PROBE_ARGS): weights a
 #               launch and the short-prompt GEMM's column splits against decode and prefill 16 and 64
+#   GRAPH_NODES=1  tools/probe_graph_nodes.py on each MAIN_SHAPES Q4_K_M file (GRAPH_NODES_ARGS): a replayed decode step with
+#               kernels switched off by name
 #   VARIANTS=1  tools/probe_launch_shapes.py (the image's probe_args file, else VARIANT_ARGS) on each MAIN_SHAPES Q4_K_M
 #               file with each kernel image in .variants/ (sm_90 images built here from edited constants) in place of the carried one
 #   CROSSOVER=1 tools/probe_gemm_crossover.py on each MAIN_SHAPES Q4_K_M file: prompt passes through either GEMM
-#   PROBE=1     tools/probe_overlap.py on the first MAIN_SHAPES file (16-token prompt, n=PROBE_N, 5): the driver's
-#               init beside the host path or before it, the upload's overlap, the driver's default queues
+#   PROBE=1     tools/probe_overlap.py on PROBE_SHAPES' files (the first MAIN_SHAPES; 16-token prompt, n=PROBE_N, 10, PROBE_VARIANTS, PROBE_ARGS):
+#               fresh processes beside the Python floor: the upload's overlap, the driver's queues, the way out
 #   SIDECAR=1   with COLD: the sidecar's cold start (sidecar/tools/cold_start.py, its wheels in .whl/)
 #   RESERVE_S   with COLD: seconds the main harness leaves for the MoE, hybrid and sidecar runs after it
 #   SMOLLM2=1   SmolLM2 on CUDA, from .smollm2/ pieces gathered over consecutive warm calls
@@ -115,7 +117,7 @@ fi
 model_file() { case $1 in dsv2-lite|qwen35-*) echo "/tmp/$1-$2.gguf" ;; *) echo "/tmp/qwen3-$1-$2.gguf" ;; esac; }
 MOE_SHAPES=${MOE_SHAPES:-30b-a3b dsv2-lite}
 q4_only() { case " $MOE_SHAPES " in *" $1 "*) return 0 ;; esac; return 1; }  # the MoE files: Q4_K_M alone
-if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ] || [ -n "${NCU:-}" ] || [ -n "${NCU_DETAIL:-}" ] || [ "${LAUNCH_PROBE:-0}" = 1 ] || [ "${CROSSOVER:-0}" = 1 ] || [ "${VARIANTS:-0}" = 1 ]; then
+if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ] || [ -n "${NCU:-}" ] || [ -n "${NCU_DETAIL:-}" ] || [ "${LAUNCH_PROBE:-0}" = 1 ] || [ "${CROSSOVER:-0}" = 1 ] || [ "${VARIANTS:-0}" = 1 ] || [ "${GRAPH_NODES:-0}" = 1 ]; then
     tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
     QUANTS=${QUANTS:-q4_k_m}
     SHAPES=${MAIN_SHAPES:-0.6b 8b}; [ "${MOE:-0}" = 1 ] && SHAPES="$SHAPES $MOE_SHAPES"; [ "${HYBRID:-0}" = 1 ] && SHAPES="$SHAPES qwen35-0.8b"
@@ -167,6 +169,12 @@ if [ "${LAUNCH_PROBE:-0}" = 1 ]; then  # the matmuls' launch shapes
     done
 fi
 
+if [ "${GRAPH_NODES:-0}" = 1 ]; then  # what each kind of kernel costs in a replayed decode step
+    for shape in ${MAIN_SHAPES:-0.6b 8b}; do
+        python3 tools/probe_graph_nodes.py "$(model_file $shape q4_k_m)" ${GRAPH_NODES_ARGS:-} 2>&1 | tee -a "$LOG"
+    done
+fi
+
 if [ "${VARIANTS:-0}" = 1 ]; then  # kernel images built here with other constants, each in turn in place of the carried one
     cp -r src/reflex_engine/cuda_image /tmp/main_image
     for v in .variants/*/; do
@@ -186,9 +194,19 @@ if [ "${CROSSOVER:-0}" = 1 ]; then
     done
 fi
 
-if [ "${PROBE:-0}" = 1 ]; then  # fresh processes of the system python3
+floor_and_venv() {  # the floor's cubin and a clean interpreter, as a user's venv: no site-packages .pth hooks
+    [ -x /tmp/floor/floor ] || { mkdir -p /tmp/floor && gcc -O2 -o /tmp/floor/floor bench/floor.c -ldl \
+        && nvcc -cubin -arch=sm_90 -o /tmp/floor/floor.cubin bench/floor_kernel.cu; }
+    [ -x /tmp/cold-venv/bin/python ] || python3 -m venv --without-pip /tmp/cold-venv
+}
+
+if [ "${PROBE:-0}" = 1 ]; then  # fresh processes of the clean venv's python3 beside the Python floor
+    floor_and_venv
     wait_peer  # nothing compiles beside the timings
-    python3 tools/probe_overlap.py "$(model_file "${SHAPES%% *}" q4_k_m)" --n "${PROBE_N:-5}" --prompt-tokens 16 2>&1 | tee -a "$LOG"
+    for shape in ${PROBE_SHAPES:-${SHAPES%% *}}; do
+        python3 tools/probe_overlap.py "$(model_file $shape q4_k_m)" --n "${PROBE_N:-10}" --prompt-tokens 16 \
+            --floor-bin /tmp/floor --python /tmp/cold-venv/bin/python ${PROBE_ARGS:-} ${PROBE_VARIANTS:+--variants "$PROBE_VARIANTS"} 2>&1 | tee -a "$LOG"
+    done
 fi
 
 if [ "${BENCH:-0}" = 1 ]; then
@@ -209,8 +227,7 @@ if [ "${BENCH:-0}" = 1 ]; then
 fi
 
 if [ "${COLD:-0}" = 1 ]; then
-    mkdir -p /tmp/floor && gcc -O2 -o /tmp/floor/floor bench/floor.c -ldl && nvcc -cubin -arch=sm_90 -o /tmp/floor/floor.cubin bench/floor_kernel.cu
-    python3 -m venv --without-pip /tmp/cold-venv  # a clean interpreter, as a user's venv: no site-packages .pth hooks
+    floor_and_venv
     wait_peer  # nothing compiles beside the timings
     echo "harness starts at $(elapsed) s"
     llama_bin=; [ "${WITH_LLAMA:-1}" = 1 ] && [ "${COLD_LLAMA:-1}" = 1 ] && llama_bin="--llama-bin $LLAMA"

@@ -1,28 +1,31 @@
-"""Why the first pass does not overlap the weights' upload, and whether the driver's init is slower
-beside the host path than alone: fresh `reflex generate -n 1` processes under variants, their
-result lines' phases side by side.
+"""Where a cold `reflex generate -n 1` spends its time before the first token and after it: fresh
+processes under variants, rounds interleaved, timed from outside as bench/cold_start.py times them
+(launch -> first stdout bytes, launch -> exit), beside the Python floor when --floor-bin is given
+(--teardown: and the floor holding 1 or 4 GB of device memory, or the model file pinned, for what
+each adds to the driver's teardown at the exit).
 
-    python3 tools/probe_overlap.py MODEL [MODEL ...] [--n 3] [--prompt-tokens 1024]
+    python3 tools/probe_overlap.py MODEL [--n 10] [--prompt-tokens 16] [--floor-bin DIR [--teardown]] [--python PY]
+        [--variants "as is,init marked"]
 
-Variants: the engine as it is; every copy landed before the pass starts (no overlap); the
-driver's default work and copy queues (8 each) instead of Reflex's one and one. "Marked" rows add
-the moments after the driver's init: the backend handed over, the model loaded, the pass begun (ms
-since the import; their patch imports the engine first, so the init starts later). (Earlier
-variants and what they showed are in docs/perf-notes.md: the upload without pinning, pinned before
-the first copy, on 2 or 8 threads, in 8 or 64 MB chunks; the driver's init alone before the host
-path; CUDA's eager module loading; the first pass's kernels made ready on a thread beside the load.)
+Variants: the engine as it is; marked (the moments after the driver's init on the result line: the
+backend handed over, the model loaded, the pass begun, ms since the import; the patch imports the
+engine first, so the init starts later); every copy landed before the pass starts; the driver's
+default work and copy queues (8 each) instead of Reflex's one and one; the pinned pages released by
+each upload thread once its own copies have ended; the driver's init with its steps marked, beside
+the host path or alone before it. (Earlier variants and what they showed are in docs/perf-notes.md.)
 A throwaway measurement tool: the engine path is what it is, monkeypatched here per variant.
 """
 import argparse
 import os
 import re
 import statistics
-import subprocess
 import sys
-import time
 
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-# the moments after the driver's init, on the result line: the backend handed over, the model loaded, the pass begun
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.join(os.path.dirname(HERE), "src")
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
+from cold_start import DRIVER_SETTINGS, Energy, Row, run_once  # noqa: E402 (bench/ is not a package)
+
 MARKS = """
 from reflex_engine import backends, engine, timing
 MARKS = {}
@@ -40,10 +43,63 @@ engine.Model._next_logits = marking("begin_pass_start", engine.Model._next_logit
 reported = timing.reported_phases
 timing.reported_phases = lambda phases: {**reported(phases), **{k: round(v, 3) for k, v in MARKS.items()}}
 """
-PATCHES = {
-    "as is": "",
-    "as is, marked": MARKS,
-    "every copy landed before the pass, marked": MARKS + """
+THREADS_UNPIN = """
+from reflex_engine.backends.cuda import upload
+work = upload.Upload._work
+def work_then_unpin(self, queue):
+    mine = []
+    def taking():
+        for j, chunk in queue:
+            mine.append(chunk.start)
+            yield j, chunk
+    work(self, taking())  # returns once this thread's stream has ended its copies
+    for start in mine:
+        if start in self.pinned:
+            self.pinned.remove(start)
+            self.device.drv.cuMemHostUnregister(start)
+upload.Upload._work = work_then_unpin
+"""
+
+
+# the driver's init, its steps marked on the result line (ms since the init thread began: the library and
+# cuInit, device.py imported, the primary context); "alone": the main thread waits for the init before
+# anything else, so nothing runs beside it
+INIT_MARKS = """
+import time
+from reflex_engine import backends, timing
+INIT = {}
+def marked_init(self):
+    start = time.perf_counter()
+    mark = lambda name: INIT.setdefault(name, round((time.perf_counter() - start) * 1e3, 2))
+    try:
+        drv = self._driver.Driver(self._driver.load_library())
+        drv.init()
+        mark("init_cuinit_ms")
+        from reflex_engine.backends.cuda.device import Device
+        mark("init_import_ms")
+        retain = drv.cuDevicePrimaryCtxRetain
+        drv.cuDevicePrimaryCtxRetain = lambda *args: (retain(*args), mark("init_context_ms"))
+        self._cuda = Device(drv)
+    except BaseException as e:
+        self._error = e
+    self.cuda_init_ms = (time.perf_counter() - start) * 1e3
+    self.ready_ms = timing.since_start_ms()
+backends.BackendStart._init_cuda = marked_init
+reported = timing.reported_phases
+timing.reported_phases = lambda phases: {**reported(phases), **INIT}
+"""
+INIT_ALONE = """
+made = backends.BackendStart.__init__
+def joined(self, *args, **kwargs):
+    made(self, *args, **kwargs)
+    if self._thread is not None:
+        self._thread.join()
+backends.BackendStart.__init__ = joined
+"""
+VARIANTS = {
+    "as is": ("", {}),
+    "as is, marked": (MARKS, {}),
+    "every copy landed before the pass, marked": (MARKS + """
 from reflex_engine.backends.cuda import ops
 commit = ops.CudaOps.commit_weights
 def patched(self):
@@ -52,47 +108,89 @@ def patched(self):
         self._upload.wait(i)
     return n
 ops.CudaOps.commit_weights = patched
-""",
+""", {}),
+    "8 work + 8 copy queues": ("", {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "8"}),
+    "unpinned by the upload threads": (THREADS_UNPIN, {}),
+    "init marked": (INIT_MARKS, {}),
+    "init marked, alone": (INIT_MARKS + INIT_ALONE, {}),
 }
-EIGHT_QUEUES = {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "8"}
+DEFAULT = "as is,init marked,init marked, alone"
+# the floor, holding more before its kernel: what each costs the driver's teardown at the exit (the pinned
+# file: the model, all of it, as Reflex's upload pins it)
+FLOOR_HOLDING = """
+import ctypes, mmap, os, runpy, sys
+cu = ctypes.CDLL("libcuda.so.1")
+dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+if DEVICE_BYTES:
+    assert cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(DEVICE_BYTES)) == 0
+if PIN:
+    from reflex_engine.backends.cuda.ops import buffer_address
+    fd = os.open(PIN, os.O_RDONLY)
+    kept = mmap.mmap(fd, 0, prot=mmap.PROT_READ, flags=mmap.MAP_SHARED)
+    size = len(kept) // mmap.PAGESIZE * mmap.PAGESIZE
+    cu.cuMemHostRegister_v2.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)
+    assert cu.cuMemHostRegister_v2(buffer_address(memoryview(kept)), size, 8) == 0  # READ_ONLY
+sys.argv = ["floor.py", CUBIN]
+runpy.run_path(FLOOR, run_name="__main__")
+"""
+PHASES = ("cuda_init_ms", "init_cuinit_ms", "init_import_ms", "init_context_ms", "backend_init_ms", "model_load_ms", "upload_ms", "prompt_eval_ms", "first_token_ms", "ops_ready_ms",
+          "load_end_ms", "pass_start_ms")
 
 
-def run(model: str, prompt: str, patch: str, env: dict) -> dict:
-    code = patch + "\nimport sys\nfrom reflex_engine.launch import run\nrun()\n"
-    argv = [sys.executable, "-c", code, "generate", model, prompt, "--device", "cuda", "--temp", "0", "-n", "1",
-            "--ignore-eos"]
-    started = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": SRC, **env})
-    exit_ms = (time.perf_counter() - started) * 1e3
-    line = [l for l in proc.stdout.splitlines() + proc.stderr.splitlines() if "first_token_ms=" in l]
-    if proc.returncode or not line:
-        return {"error": proc.stderr[-300:]}
-    return {**{k: float(v) for k, v in re.findall(r"(\w+_ms)=([0-9.]+)", line[-1])}, "exit_ms": exit_ms}
+def rows(args) -> list[Row]:
+    prompt = " ".join(["hello"] * args.prompt_tokens)
+    out = []
+    if args.floor_bin:
+        cubin = os.path.join(args.floor_bin, "floor.cubin")
+        for env, suffix in (({}, ""), (DRIVER_SETTINGS, ", Reflex's driver settings")):
+            out.append(Row(f"floor, python3 + ctypes{suffix}", "", "", [args.python, os.path.join(os.path.dirname(HERE), "bench", "floor.py"),
+                                                                         cubin], "line:FLOOR_OK", env))
+        if args.teardown:
+            floor_py = os.path.join(os.path.dirname(HERE), "bench", "floor.py")
+            for label, device_bytes, pin in (("1 GB of device memory", 1 << 30, ""), ("4 GB of device memory", 4 << 30, ""),
+                                             ("the model file pinned", 0, args.model)):
+                code = (FLOOR_HOLDING.replace("DEVICE_BYTES", str(device_bytes)).replace("PIN", repr(pin))
+                        .replace("CUBIN", repr(cubin)).replace("FLOOR", repr(floor_py)))
+                out.append(Row(f"floor, python3 + ctypes, Reflex's driver settings, holding {label}", "", "",
+                               [args.python, "-c", code], "line:FLOOR_OK", {**DRIVER_SETTINGS, "PYTHONPATH": SRC}))
+    names = [n.strip() for n in re.split(r",(?=[^ ])", args.variants)]  # variant names hold ", " themselves
+    for name in names:
+        patch, env = VARIANTS[name]
+        code = patch + "\nfrom reflex_engine.launch import run\nrun()\n"
+        out.append(Row(f"Reflex {name}", "m", str(args.prompt_tokens),
+                       [args.python, "-c", code, "generate", args.model, prompt, "--device", "cuda", "--temp", "0", "-n", "1",
+                        "--ignore-eos"], "bytes", {"PYTHONPATH": SRC}))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("models", nargs="+")
-    ap.add_argument("--n", type=int, default=3)
-    ap.add_argument("--prompt-tokens", type=int, default=1024)
+    ap.add_argument("model")
+    ap.add_argument("--n", type=int, default=10)
+    ap.add_argument("--prompt-tokens", type=int, default=16)
+    ap.add_argument("--floor-bin", help="a folder with floor.cubin (bench/floor_kernel.cu): adds the Python floor's rows")
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--teardown", action="store_true", help="with --floor-bin: the floor holding device memory or the pinned model")
+    ap.add_argument("--variants", default=DEFAULT, help=f"comma-separated, of: {'; '.join(VARIANTS)}")
     args = ap.parse_args()
-    prompt = " ".join(["hello"] * args.prompt_tokens)
-    variants = [(name, patch, {}) for name, patch in PATCHES.items()] + [("8 work + 8 copy queues", "", EIGHT_QUEUES)]
-    print(f"{args.prompt_tokens}-token prompt; first_token_ms counts from reflex_engine's import, exit_ms from the launch")
-    print("| model | variant | n | cuda_init_ms | cuda_ready_ms | ops_ready_ms | model_load_ms | load_end_ms | pass_start_ms | "
-          "upload_ms | prompt_eval_ms | first_token_ms | exit_ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for model in args.models:
-        for name, patch, env in variants:
-            runs = [run(model, prompt, patch, env) for _ in range(args.n)]
-            ok = [r for r in runs if "error" not in r]
-            if not ok:
-                print(f"| {os.path.basename(model)} | {name} | 0 | {runs[0]['error']!r} |")
-                continue
-            med = lambda k: f"{statistics.median(r[k] for r in ok):.1f}" if all(k in r for r in ok) else "–"
-            cells = " | ".join(med(k) for k in ("cuda_init_ms", "cuda_ready_ms", "ops_ready_ms", "model_load_ms", "load_end_ms",
-                                                 "pass_start_ms", "upload_ms", "prompt_eval_ms", "first_token_ms", "exit_ms"))
-            print(f"| {os.path.basename(model)} | {name} | {len(ok)} | {cells} |", flush=True)
+    table, energy = rows(args), Energy()
+    runs: dict[str, list[dict]] = {row.name: [] for row in table}
+    for _ in range(args.n):  # rounds interleaved
+        for row in table:
+            runs[row.name].append(run_once(row, energy))
+    print(f"{args.prompt_tokens}-token prompt, n={args.n} interleaved; first and exit from the launch, phases from the import (p50 ms)")
+    print("| process | n | first | exit | exit - first | " + " | ".join(PHASES) + " |")
+    print("|---" * (5 + len(PHASES)) + "|")
+    for name, rs in runs.items():
+        ok = [r for r in rs if r["ok"]]
+        if not ok:
+            print(f"| {name} | 0 | {rs[0]['stderr_tail'][-300:]!r} |")
+            continue
+        med = lambda vs: f"{statistics.median(vs):.1f}" if vs else "–"  # noqa: E731
+        cells = [med([r["first_ms"] for r in ok]), med([r["exit_ms"] for r in ok]), med([r["exit_ms"] - r["first_ms"] for r in ok])] + [med([r["phases"][k] for r in ok if k in r["phases"]]) for k in PHASES]
+        print(f"| {name} | {len(ok)} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

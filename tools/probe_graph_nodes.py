@@ -1,0 +1,102 @@
+"""What each kind of kernel costs inside a replayed decode step: the step's CUDA graph captured
+after a 128-token prompt, then replayed with kernel nodes switched off by name
+(cuGraphNodeSetEnabled): all on, each name off alone, only the matvecs on, only the rest on. A
+switched-off kernel leaves its outputs stale, so later kernels compute on garbage; what they read and
+how long they take do not depend on the values (no kernel here branches on them but attention's
+masks, which read the step's ints, untouched).
+
+    PYTHONPATH=src python3 tools/probe_graph_nodes.py MODEL [--replays 200]
+
+A throwaway measurement tool: it keeps the captured graph the engine would destroy.
+"""
+import argparse
+import ctypes
+import statistics
+import sys
+from collections import Counter
+from ctypes import byref, c_float, c_size_t, c_void_p
+
+import reflex_engine
+from reflex_engine.sampling import SamplingParams
+
+NODE_KERNEL = 0  # CU_GRAPH_NODE_TYPE_KERNEL
+EVENT_DEFAULT = 0
+
+
+def kernel_nodes(lib, graph, names_of: dict[int, str]) -> list[tuple[c_void_p, str]]:
+    count = c_size_t()
+    assert lib.cuGraphGetNodes(graph, None, byref(count)) == 0
+    nodes = (c_void_p * count.value)()
+    assert lib.cuGraphGetNodes(graph, nodes, byref(count)) == 0
+    out, kind, params = [], ctypes.c_int(), (ctypes.c_uint8 * 256)()
+    for node in nodes:
+        assert lib.cuGraphNodeGetType(c_void_p(node), byref(kind)) == 0
+        if kind.value == NODE_KERNEL:
+            assert lib.cuGraphKernelNodeGetParams_v2(c_void_p(node), params) == 0
+            func = ctypes.c_void_p.from_buffer(params).value  # CUDA_KERNEL_NODE_PARAMS_v2's first field
+            out.append((c_void_p(node), names_of.get(func, f"? {func:#x}")))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--replays", type=int, default=200)
+    args = ap.parse_args()
+    model = reflex_engine.load(args.model, device="cuda", n_ctx=512)
+    dev = model.ops.device
+    drv, lib, stream = dev.drv, dev.drv._lib, dev.stream
+    kept = []
+    destroy = drv.cuGraphDestroy
+    drv.cuGraphDestroy = kept.append  # the engine destroys the graph once instantiated: keep it
+    model._decode_step.close()
+    greedy = SamplingParams(temperature=0)
+    for _ in model.generate(list(range(1000, 1128)), max_tokens=4, sampling=greedy, ignore_eos=True):
+        pass
+    drv.cuGraphDestroy = destroy
+    exec_, graph = model._decode_step._exec, kept[-1]
+    names_of = {fn.value: name for name, fn in dev._functions.items()}
+    nodes = kernel_nodes(lib, graph, names_of)
+    counts = Counter(name for _, name in nodes)
+    start, end = c_void_p(), c_void_p()
+    drv.cuEventCreate(byref(start), EVENT_DEFAULT)
+    drv.cuEventCreate(byref(end), EVENT_DEFAULT)
+
+    def replay_us(exec_) -> float:
+        for _ in range(10):
+            drv.cuGraphLaunch(exec_, stream)
+        times = []
+        for _ in range(5):
+            drv.cuEventRecord(start, stream)
+            for _ in range(args.replays // 5):
+                drv.cuGraphLaunch(exec_, stream)
+            drv.cuEventRecord(end, stream)
+            drv.cuEventSynchronize(end)
+            ms = c_float()
+            drv.cuEventElapsedTime(byref(ms), start, end)
+            times.append(ms.value * 1e3 / (args.replays // 5))
+        return statistics.median(times)
+
+    def step_us(off) -> float:
+        for node, name in nodes:
+            assert lib.cuGraphNodeSetEnabled(exec_, node, 0 if off(name) else 1) == 0
+        return replay_us(exec_)
+
+    matvec = lambda name: name.startswith("matvec")  # noqa: E731
+    full = step_us(lambda name: False)
+    print(f"## {args.model}: a decode step at a 128-token context, {len(nodes)} kernel nodes, {full:.1f} us a replay "
+          f"({1e6 / full:.0f} tok/s)\n")
+    print("| kernels switched off | nodes | us a step | saved us | saved a node |\n|---|---|---|---|---|")
+    rows = [(f"{name}", lambda n, name=name: n == name, counts[name]) for name in sorted(counts)]
+    rows += [("all but the matvecs", lambda n: not matvec(n), sum(c for n, c in counts.items() if not matvec(n))),
+             ("the matvecs", matvec, sum(c for n, c in counts.items() if matvec(n))),
+             ("all", lambda n: True, len(nodes))]
+    for label, off, n in rows:
+        us = step_us(off)
+        print(f"| {label} | {n} | {us:.1f} | {full - us:.1f} | {(full - us) / max(n, 1):.2f} |", flush=True)
+    step_us(lambda name: False)
+    destroy(graph)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
