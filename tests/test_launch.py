@@ -1,7 +1,14 @@
 """The console entry reads the device off argv before the CLI exists, to start the driver's init
-early: it must read what the parser will, for every command that loads a model."""
+early: it must read what the parser will, for every command that loads a model. It ends the process
+while a one-shot command's model is still loaded."""
+import gc
+import subprocess
+import sys
+
 import pytest
 
+from model_files import GOLDEN_QWEN3
+from reflex_engine import cli, engine
 from reflex_engine.cli import build_parser
 from reflex_engine.launch import DEVICE_DEFAULTS, device_in
 
@@ -32,3 +39,23 @@ def test_a_constrained_generate_on_auto_starts_the_driver():
     for option in (["--json-object"], ["--regex", "a+"], ["--json-schema=s.json"], ["--grammar", "g.lark"]):
         assert device_in(["generate", "m.gguf", "hi", *option]) == "auto"
         assert device_in(["generate", "m.gguf", "hi", *option, "--device", "cpu"]) == "cpu"
+
+
+def test_the_process_ends_before_the_model_is_closed(monkeypatch, capsys):
+    """The driver tears a device down at the exit sooner than closing it in the process does, so exit_now
+    (launch.run's os._exit) comes while the model is loaded; a caller in the process gets it closed after."""
+    closed, seen = [], []
+    monkeypatch.setattr(engine, "_release", lambda step, ops: closed.append(ops))
+    code = cli.main(["generate", GOLDEN_QWEN3, "hi", "-n", "2", "--device", "cpu"],
+                    exit_now=lambda code: seen.append((code, len(closed))))
+    gc.collect()
+    assert (code, seen, len(closed)) == (0, [(0, 0)], 1)
+    assert "REFLEX_GENERATE_OK" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, code", [(["generate", GOLDEN_QWEN3, "hi", "-n", "2", "--device", "cpu"], 0),
+                                        (["generate", "/nonexistent.gguf", "hi", "--device", "cpu"], 2)])
+def test_the_console_entry_flushes_its_output_and_keeps_the_exit_code(argv, code):
+    proc = subprocess.run([sys.executable, "-m", "reflex_engine", *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code
+    assert ("REFLEX_GENERATE_OK" in proc.stdout.splitlines()[-1]) if code == 0 else proc.stderr.startswith("reflex: error:")

@@ -146,7 +146,8 @@ def _open_and_encode(args, output_tokens, constrained: bool = False):
     # A rendered template carries its own BOS text, an imported state its BOS: don't add a second one.
     ids = file.encode(prompt, add_bos=False if args.chat or getattr(args, "import_kv", None) else None)
     n_ctx = args.ctx_size if args.ctx_size is not None else _one_shot_context(file, len(ids), output_tokens(file))
-    return file.load(args.backend, n_ctx=n_ctx), ids
+    args.loaded = file.load(args.backend, n_ctx=n_ctx)  # held to main's exit_now (see main)
+    return args.loaded, ids
 
 
 def _one_shot_context(file, prompt_tokens: int, output_tokens: int | None) -> int | None:
@@ -456,9 +457,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, backend=None) -> int:
-    """backend: a BackendStart that launch.run began from argv before this module was imported."""
+def main(argv: list[str] | None = None, backend=None, exit_now=None) -> int:
+    """backend: a BackendStart that launch.run began from argv before this module was imported.
+    exit_now(code): how the console entry ends its process, called while a one-shot command's model
+    (args.loaded) is still held, so that its device is left to the driver's teardown at the exit."""
     args = build_parser().parse_args(argv)
+    code = _run(args, backend)
+    if exit_now is not None:
+        exit_now(code)
+    return code
+
+
+def _run(args, backend) -> int:
     from .native import exit_on_sigbus
 
     exit_on_sigbus()  # a model file truncated under us: one line and exit 2, not a core dump
