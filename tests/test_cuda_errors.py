@@ -118,3 +118,19 @@ def test_an_architecture_without_cuda_kernels_is_one_line_on_cuda_and_takes_the_
     assert reflex_engine.load(moe, device="auto").ops.name == "cpu"
     code, err = run(capsys, "generate", moe, "hi", "--device", "auto", "-n", "1")
     assert code == 0 and err == []
+
+
+@pytest.mark.parametrize("usable", [True, False])
+def test_the_early_init_holds_no_context_beyond_the_backends(fake, usable):
+    """The init thread makes the primary context before the Device exists and lets go of its own hold
+    once the Device has one, or has failed: closing the backend is the context's last release."""
+    lib = fake(**({} if usable else {"version": 12040}))
+    if not usable:
+        with pytest.raises(ReflexError, match="update the driver"):
+            create_backend("cuda")
+        assert lib.contexts == 0
+        return
+    ops = create_backend("cuda")
+    assert lib.contexts == 1
+    ops.close()
+    assert lib.contexts == 0

@@ -34,9 +34,8 @@ class BackendStart:
         self._thread = None
         if device != "cpu":
             # Only the driver binding is imported before the thread starts (device.py's imports, ~20
-            # ms on an H200 host, once delayed the init by as much); on the thread cuInit runs first
-            # and device.py is imported after it, when the main thread has long imported what it
-            # shares with the CLI (so neither waits on the other's import locks).
+            # ms on an H200 host, once delayed the init by as much); on the thread cuInit and the
+            # primary context come first, device.py's import after them (see _init_cuda).
             from .cuda import driver
 
             self._driver = driver
@@ -53,9 +52,17 @@ class BackendStart:
         try:
             drv = self._driver.Driver(self._driver.load_library())
             drv.init()
-            from .cuda.device import Device
+            # The primary context before device.py's imports (~10 ms), which by then the main thread has
+            # made on its way to ops(): after cuInit, the context is the init's longest step (H200:
+            # cuInit ~107 ms, the context ~65 ms). Device retains it again; this hold ends with it made.
+            held = self._driver.hold_primary_context(drv)
+            try:
+                from .cuda.device import Device
 
-            self._cuda = Device(drv)
+                self._cuda = Device(drv)
+            finally:
+                if held is not None:
+                    drv.cuDevicePrimaryCtxRelease_v2(held)
         except BaseException as e:  # re-raised on the caller's thread by ops()
             self._error = e
         self.cuda_init_ms = (time.perf_counter() - start) * 1e3

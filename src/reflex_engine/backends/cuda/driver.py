@@ -207,6 +207,18 @@ class Driver:
         return layout or None
 
 
+def hold_primary_context(drv: Driver, ordinal: int = 0) -> int | None:
+    """Make device `ordinal`'s primary context now and hold it: the device to give to
+    cuDevicePrimaryCtxRelease_v2, or None where the device cannot be had (Device then says why)."""
+    dev, ctx = c_int(), c_void_p()
+    try:
+        drv.cuDeviceGet(byref(dev), ordinal)
+        drv.cuDevicePrimaryCtxRetain(byref(ctx), dev.value)
+    except CudaError:
+        return None
+    return dev.value
+
+
 def version_text(v: int) -> str:
     """cuDriverGetVersion's 12040 -> '12.4'."""
     return f"{v // 1000}.{v % 1000 // 10}"
