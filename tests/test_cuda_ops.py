@@ -391,6 +391,25 @@ def test_attention_at_a_long_context_over_many_splits(gpu, n_heads, n_kv, d):
         np.testing.assert_allclose(got, ref, **attention_tolerance(b - a, d), err_msg=f"slots {a}..{b - 1}")
 
 
+def test_decode_attention_at_the_first_slots_of_a_large_cache(gpu):
+    """A decode step's grid splits the whole cache (64 blocks a (query, head) at 4,096 slots) wherever it
+    stands: past a short prompt all but the first splits are empty, and their merge skips them, until a
+    second split of 32 slots fills."""
+    n_heads, n_kv, d = 8, 2, 128
+    shape = CacheShape(1, 4096, n_kv * d, n_kv * d)
+    c_cpu, c_gpu = cpu.new_kv_cache(shape), gpu.new_kv_cache(shape)
+    n = 40
+    q, k, v = (rng.standard_normal((n, w)).astype(np.float32) for w in (n_heads * d, n_kv * d, n_kv * d))
+    k, v = f16_rounded(k), f16_rounded(v)
+    kw = dict(layer=0, n_heads=n_heads, n_kv_heads=n_kv, scale=d**-0.5)
+    for a, b, batch in [(0, 20, Batch.causal(range(20), 0))] + [(s, s + 1, Batch.causal([0], s)) for s in range(20, n)]:
+        ref = cpu.attention(q[a:b], k[a:b], v[a:b], cache=c_cpu, batch=batch, **kw)
+        gpu.poison()
+        dq, dk, dv = (gpu.from_host(np.ascontiguousarray(m[a:b])) for m in (q, k, v))
+        got = gpu.to_host(gpu.attention(dq, dk, dv, cache=c_gpu, batch=batch, **kw))
+        np.testing.assert_allclose(got, ref, **attention_tolerance(b - a, d), err_msg=f"slots {a}..{b - 1}")
+
+
 @pytest.mark.parametrize("vocab", [1000, 151936])
 def test_greedy_with_penalties_and_token_logprobs(gpu, vocab):
     logits = rng.standard_normal((3, vocab)).astype(np.float32) * 4
