@@ -10,9 +10,8 @@ each adds to the driver's teardown at the exit).
 Variants: the engine as it is; marked (the moments after the driver's init on the result line: the
 backend handed over, the model loaded, the pass begun, ms since the import; the patch imports the
 engine first, so the init starts later); every copy landed before the pass starts; the driver's
-default work and copy queues (8 each) instead of Reflex's one and one; the pinned pages released by
-each upload thread once its own copies have ended; the driver's init with its steps marked, beside
-the host path or alone before it. (Earlier variants and what they showed are in docs/perf-notes.md.)
+default work and copy queues (8 each) instead of Reflex's one and one; the driver's init with its
+steps marked, beside the host path or alone before it. (Earlier variants and what they showed are in docs/perf-notes.md.)
 A throwaway measurement tool: the engine path is what it is, monkeypatched here per variant.
 """
 import argparse
@@ -43,27 +42,9 @@ engine.Model._next_logits = marking("begin_pass_start", engine.Model._next_logit
 reported = timing.reported_phases
 timing.reported_phases = lambda phases: {**reported(phases), **{k: round(v, 3) for k, v in MARKS.items()}}
 """
-THREADS_UNPIN = """
-from reflex_engine.backends.cuda import upload
-work = upload.Upload._work
-def work_then_unpin(self, queue):
-    mine = []
-    def taking():
-        for j, chunk in queue:
-            mine.append(chunk.start)
-            yield j, chunk
-    work(self, taking())  # returns once this thread's stream has ended its copies
-    for start in mine:
-        if start in self.pinned:
-            self.pinned.remove(start)
-            self.device.drv.cuMemHostUnregister(start)
-upload.Upload._work = work_then_unpin
-"""
-
-
-# the driver's init, its steps marked on the result line (ms since the init thread began: the library and
-# cuInit, device.py imported, the primary context); "alone": the main thread waits for the init before
-# anything else, so nothing runs beside it
+# the driver's init as BackendStart._init_cuda runs it, its steps marked on the result line (ms since the
+# init thread began: the library and cuInit, the primary context, device.py imported); "alone": the main
+# thread waits for the init before anything else, so nothing runs beside it
 INIT_MARKS = """
 import time
 from reflex_engine import backends, timing
@@ -75,11 +56,13 @@ def marked_init(self):
         drv = self._driver.Driver(self._driver.load_library())
         drv.init()
         mark("init_cuinit_ms")
+        held = self._driver.hold_primary_context(drv)
+        mark("init_context_ms")
         from reflex_engine.backends.cuda.device import Device
         mark("init_import_ms")
-        retain = drv.cuDevicePrimaryCtxRetain
-        drv.cuDevicePrimaryCtxRetain = lambda *args: (retain(*args), mark("init_context_ms"))
         self._cuda = Device(drv)
+        if held is not None:
+            drv.cuDevicePrimaryCtxRelease_v2(held)
     except BaseException as e:
         self._error = e
     self.cuda_init_ms = (time.perf_counter() - start) * 1e3
@@ -110,7 +93,6 @@ def patched(self):
 ops.CudaOps.commit_weights = patched
 """, {}),
     "8 work + 8 copy queues": ("", {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "8"}),
-    "unpinned by the upload threads": (THREADS_UNPIN, {}),
     "init marked": (INIT_MARKS, {}),
     "init marked, alone": (INIT_MARKS + INIT_ALONE, {}),
 }
@@ -135,7 +117,7 @@ if PIN:
 sys.argv = ["floor.py", CUBIN]
 runpy.run_path(FLOOR, run_name="__main__")
 """
-PHASES = ("cuda_init_ms", "init_cuinit_ms", "init_import_ms", "init_context_ms", "backend_init_ms", "model_load_ms", "upload_ms", "prompt_eval_ms", "first_token_ms", "ops_ready_ms",
+PHASES = ("cuda_init_ms", "init_cuinit_ms", "init_context_ms", "init_import_ms", "backend_init_ms", "model_load_ms", "upload_ms", "prompt_eval_ms", "first_token_ms", "ops_ready_ms",
           "load_end_ms", "pass_start_ms")
 
 
