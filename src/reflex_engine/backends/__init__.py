@@ -52,9 +52,9 @@ class BackendStart:
         try:
             drv = self._driver.Driver(self._driver.load_library())
             drv.init()
-            # The primary context before device.py's imports (~10 ms), which by then the main thread has
-            # made on its way to ops(): after cuInit, the context is the init's longest step (H200:
-            # cuInit ~107 ms, the context ~65 ms). Device retains it again; this hold ends with it made.
+            # The primary context before device.py's imports (~10 ms), which the main thread has usually
+            # done by then, on its way to ops(): after cuInit, the context is the init's longest step
+            # (H200: cuInit ~107 ms, the context ~65 ms). Device retains it again; this hold ends then.
             held = self._driver.hold_primary_context(drv)
             try:
                 from .cuda.device import Device
