@@ -340,6 +340,23 @@ def attention_tolerance(n_tok, d):
     return dict(rtol=1e-4, atol=2e-5)
 
 
+def attention_matches_the_cpus(gpu, n_heads, n_kv, d, capacity, steps):
+    """Each (a, b, batch) of steps, in order into one cache of each backend: random q, k and v rows a..b-1
+    (k and v f16-exact), GPU attention against the CPU's."""
+    shape = CacheShape(1, capacity, n_kv * d, n_kv * d)
+    c_cpu, c_gpu = cpu.new_kv_cache(shape), gpu.new_kv_cache(shape)
+    n = steps[-1][1]
+    q, k, v = (rng.standard_normal((n, w)).astype(np.float32) for w in (n_heads * d, n_kv * d, n_kv * d))
+    k, v = f16_rounded(k), f16_rounded(v)
+    kw = dict(layer=0, n_heads=n_heads, n_kv_heads=n_kv, scale=d**-0.5)
+    for a, b, batch in steps:
+        ref = cpu.attention(q[a:b], k[a:b], v[a:b], cache=c_cpu, batch=batch, **kw)
+        gpu.poison()
+        dq, dk, dv = (gpu.from_host(np.ascontiguousarray(m[a:b])) for m in (q, k, v))
+        got = gpu.to_host(gpu.attention(dq, dk, dv, cache=c_gpu, batch=batch, **kw))
+        np.testing.assert_allclose(got, ref, **attention_tolerance(b - a, d), err_msg=f"slots {a}..{b - 1}")
+
+
 @pytest.mark.parametrize("n_heads,n_kv,d", [(4, 2, 64), (2, 1, 128), (16, 8, 128), (9, 3, 64), (4, 4, 96)])
 @pytest.mark.parametrize("segments", ["causal", "system1"])
 # below the prefill kernel's threshold; ragged tiles of 64 queries; 200 tokens after 100 cached; the
@@ -351,20 +368,10 @@ def test_attention_prefill_then_decode(gpu, n_heads, n_kv, d, segments, chunks):
     t = sum(chunks)
     n_prompt = 2 * t // 3
     seg = [0] * t if segments == "causal" else [0] * n_prompt + [1 + (i // 7) for i in range(t - n_prompt)]
-    shape = CacheShape(1, t + 3, n_kv * d, n_kv * d)
-    c_cpu, c_gpu = cpu.new_kv_cache(shape), gpu.new_kv_cache(shape)
-    q, k, v = (rng.standard_normal((t + 3, w)).astype(np.float32) for w in (n_heads * d, n_kv * d, n_kv * d))
-    k, v = f16_rounded(k), f16_rounded(v)
-    kw = dict(layer=0, n_heads=n_heads, n_kv_heads=n_kv, scale=d**-0.5)
     ends = np.cumsum((0,) + chunks).tolist()
     steps = [(a, b, Batch(range(b - a), range(a, b), seg[a:b], a)) for a, b in zip(ends, ends[1:])]
     steps += [(i, i + 1, Batch.causal([0], i)) for i in range(t, t + 3)]
-    for a, b, batch in steps:
-        ref = cpu.attention(q[a:b], k[a:b], v[a:b], cache=c_cpu, batch=batch, **kw)
-        gpu.poison()
-        dq, dk, dv = (gpu.from_host(np.ascontiguousarray(m[a:b])) for m in (q, k, v))
-        got = gpu.to_host(gpu.attention(dq, dk, dv, cache=c_gpu, batch=batch, **kw))
-        np.testing.assert_allclose(got, ref, **attention_tolerance(b - a, d), err_msg=f"slots {a}..{b - 1}")
+    attention_matches_the_cpus(gpu, n_heads, n_kv, d, t + 3, steps)
 
 
 @pytest.mark.parametrize("n_heads,n_kv,d", [(4, 2, 128), (6, 2, 64), (2, 1, 96)])
@@ -373,41 +380,19 @@ def test_attention_at_a_long_context_over_many_splits(gpu, n_heads, n_kv, d):
     (kernels/attention.cu; a decode step's grid fixed by the capacity) and the last split to finish
     merges their partials: a 4,000-token prompt, then two candidates in their own segments (each sees the
     prompt and itself), then decode steps of 1 and 8 tokens at start > 0."""
-    shape = CacheShape(1, 4096, n_kv * d, n_kv * d)
-    c_cpu, c_gpu = cpu.new_kv_cache(shape), gpu.new_kv_cache(shape)
-    n = 4030
-    q, k, v = (rng.standard_normal((n, w)).astype(np.float32) for w in (n_heads * d, n_kv * d, n_kv * d))
-    k, v = f16_rounded(k), f16_rounded(v)
-    kw = dict(layer=0, n_heads=n_heads, n_kv_heads=n_kv, scale=d**-0.5)
     steps = [(a, a + 500, Batch.causal(range(500), a)) for a in range(0, 4000, 500)]
     steps += [(4000, 4020, Batch(range(20), range(4000, 4020), [1] * 10 + [2] * 10, 4000))]
     steps += [(4020, 4021, Batch.causal([0], 4020)), (4021, 4029, Batch.causal(range(8), 4021)),
               (4029, 4030, Batch.causal([0], 4029))]
-    for a, b, batch in steps:
-        ref = cpu.attention(q[a:b], k[a:b], v[a:b], cache=c_cpu, batch=batch, **kw)
-        gpu.poison()
-        dq, dk, dv = (gpu.from_host(np.ascontiguousarray(m[a:b])) for m in (q, k, v))
-        got = gpu.to_host(gpu.attention(dq, dk, dv, cache=c_gpu, batch=batch, **kw))
-        np.testing.assert_allclose(got, ref, **attention_tolerance(b - a, d), err_msg=f"slots {a}..{b - 1}")
+    attention_matches_the_cpus(gpu, n_heads, n_kv, d, 4096, steps)
 
 
 def test_decode_attention_at_the_first_slots_of_a_large_cache(gpu):
     """A decode step's grid splits the whole cache (64 blocks a (query, head) at 4,096 slots) wherever it
     stands: past a short prompt all but the first splits are empty, and their merge skips them, until a
     second split of 32 slots fills."""
-    n_heads, n_kv, d = 8, 2, 128
-    shape = CacheShape(1, 4096, n_kv * d, n_kv * d)
-    c_cpu, c_gpu = cpu.new_kv_cache(shape), gpu.new_kv_cache(shape)
-    n = 40
-    q, k, v = (rng.standard_normal((n, w)).astype(np.float32) for w in (n_heads * d, n_kv * d, n_kv * d))
-    k, v = f16_rounded(k), f16_rounded(v)
-    kw = dict(layer=0, n_heads=n_heads, n_kv_heads=n_kv, scale=d**-0.5)
-    for a, b, batch in [(0, 20, Batch.causal(range(20), 0))] + [(s, s + 1, Batch.causal([0], s)) for s in range(20, n)]:
-        ref = cpu.attention(q[a:b], k[a:b], v[a:b], cache=c_cpu, batch=batch, **kw)
-        gpu.poison()
-        dq, dk, dv = (gpu.from_host(np.ascontiguousarray(m[a:b])) for m in (q, k, v))
-        got = gpu.to_host(gpu.attention(dq, dk, dv, cache=c_gpu, batch=batch, **kw))
-        np.testing.assert_allclose(got, ref, **attention_tolerance(b - a, d), err_msg=f"slots {a}..{b - 1}")
+    steps = [(0, 20, Batch.causal(range(20), 0))] + [(s, s + 1, Batch.causal([0], s)) for s in range(20, 40)]
+    attention_matches_the_cpus(gpu, 8, 2, 128, 4096, steps)
 
 
 @pytest.mark.parametrize("vocab", [1000, 151936])
