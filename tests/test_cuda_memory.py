@@ -79,6 +79,23 @@ def test_a_closed_model_gives_back_its_memory_pinned_pages_and_context(fake):  #
     model.close()  # a second close does nothing (a double free would fail in the fake)
 
 
+def test_a_backend_reserves_memory_for_one_model_only(fake):  # noqa: F811
+    """A second reserve would leave the first one's regions allocated with nothing pointing at them."""
+    from reflex_engine.backends import create_backend
+    from reflex_engine.gguf import GGMLType
+    from reflex_engine.ops import CacheShape
+
+    lib = fake()
+    ops = create_backend("cuda")
+    ops.reserve([(GGMLType.F32, (1 << 20,))], CacheShape(1, 16, 64, 64), activation_width=4096)
+    held = dict(lib.live)
+    with pytest.raises(ReflexError, match="already holds"):
+        ops.reserve([(GGMLType.F32, (1 << 20,))], CacheShape(1, 16, 64, 64), activation_width=4096)
+    assert lib.live == held
+    ops.close()
+    assert lib.live == {}
+
+
 def test_a_dropped_model_gives_its_memory_back_too(fake):  # noqa: F811
     import gc
 

@@ -201,7 +201,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
 
     def reserve(self, tensors: Sequence[tuple[GGMLType, tuple[int, ...]]], cache: CacheShape, activation_width: int) -> None:
         """Check that the weights, a cache of `cache`'s shape and the activation buffers fit in free
-        device memory, then take all three (activation_width: float32 values live per token)."""
+        device memory, then take all three (activation_width: float32 values live per token). Once: a
+        second model takes a backend of its own."""
+        if self._allocations:
+            raise ReflexError("internal error: this CUDA backend already holds a model's memory (reserve is called once)")
         row_width = cache.k_width + (0 if cache.latent else cache.v_width)  # a latent row holds its values
         kv_bytes = len(cache.kv_layers) * aligned(cache.capacity * row_width * 2) + aligned(4 * cache.capacity)
         r = cache.recurrent
