@@ -37,11 +37,7 @@ __device__ __forceinline__ uint32_t scaled_pair(uint32_t bytes, __half2 k_mul, _
 __device__ __forceinline__ void frag_step(const block_q4_K*, const uint8_t* const (&rows)[4], const __half* const (&x)[2],
                                           int s, int c, float (&acc)[2][2][4]) {
     uint4 head[4], qs[4][2];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {  // L2 only: L1 keeps X
-        const uint4* b = reinterpret_cast<const uint4*>(rows[r] + (size_t)sizeof(block_q4_K) * s);
-        head[r] = __ldcg(b), qs[r][0] = __ldcg(b + 1 + c), qs[r][1] = __ldcg(b + 5 + c);
-    }
+    load_q4_K_pieces<true>(rows, s, c, head, qs);  // L2 only: L1 keeps X
     float sums[2][2][4] = {}, mins[2][2][4] = {};  // Σ sc·q·x and Σ m·x over the superblock
 #pragma unroll
     for (int G = 0; G < 2; ++G) {

@@ -43,11 +43,7 @@ struct XmPart {
 
 __device__ __forceinline__ void load_part(XmPart& p, const uint8_t* const (&rows)[4], const uint8_t* __restrict__ xq,
                                           const float2* __restrict__ xds, int s, int g, int c, bool b_lane) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        const uint4* b = reinterpret_cast<const uint4*>(rows[r] + (size_t)sizeof(block_q4_K) * s);
-        p.head[r] = __ldg(b), p.qs[r][0] = __ldg(b + 1 + c), p.qs[r][1] = __ldg(b + 5 + c);
-    }
+    load_q4_K_pieces<false>(rows, s, c, p.head, p.qs);
 #pragma unroll
     for (int i = 0; i < 4; ++i) p.high[i] = p.low[i] = 0u;
     if (b_lane) {

@@ -544,6 +544,22 @@ struct alignas(16) block_q4_K {
 };
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K");
 
+// A lane's 16-byte loads of superblock s of 4 Q4_K rows for the tensor-core kernels (gemm_frag.cu,
+// matvec_x16_mma.cu): each row's head (d, dmin, scales) and quant bytes 16c.. and 64 + 16c..; L2_ONLY:
+// past L1 (__ldcg), which then keeps what else the kernel reads (a GEMM's x), else __ldg.
+template <bool L2_ONLY>
+__device__ __forceinline__ void load_q4_K_pieces(const uint8_t* const (&rows)[4], int s, int c, uint4 (&head)[4],
+                                                 uint4 (&qs)[4][2]) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const uint4* b = reinterpret_cast<const uint4*>(rows[r] + (size_t)sizeof(block_q4_K) * s);
+        if constexpr (L2_ONLY)
+            head[r] = __ldcg(b), qs[r][0] = __ldcg(b + 1 + c), qs[r][1] = __ldcg(b + 5 + c);
+        else
+            head[r] = __ldg(b), qs[r][0] = __ldg(b + 1 + c), qs[r][1] = __ldg(b + 5 + c);
+    }
+}
+
 struct alignas(16) block_q5_K {
     half d, dmin;
     uint8_t scales[12];  // as Q4_K
