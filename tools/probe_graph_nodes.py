@@ -62,7 +62,10 @@ def main() -> None:
     drv.cuEventCreate(byref(start), EVENT_DEFAULT)
     drv.cuEventCreate(byref(end), EVENT_DEFAULT)
 
-    def replay_us(exec_) -> float:
+    def step_us(off) -> float:
+        """us a replay with the kernels whose names off() picks switched off (median of 5 runs of replays)."""
+        for node, name in nodes:
+            assert lib.cuGraphNodeSetEnabled(exec_, node, 0 if off(name) else 1) == 0
         for _ in range(10):
             drv.cuGraphLaunch(exec_, stream)
         times = []
@@ -77,24 +80,18 @@ def main() -> None:
             times.append(ms.value * 1e3 / (args.replays // 5))
         return statistics.median(times)
 
-    def step_us(off) -> float:
-        for node, name in nodes:
-            assert lib.cuGraphNodeSetEnabled(exec_, node, 0 if off(name) else 1) == 0
-        return replay_us(exec_)
-
     matvec = lambda name: name.startswith("matvec")  # noqa: E731
     full = step_us(lambda name: False)
     print(f"## {args.model}: a decode step at a 128-token context, {len(nodes)} kernel nodes, {full:.1f} us a replay "
           f"({1e6 / full:.0f} tok/s)\n")
     print("| kernels switched off | nodes | us a step | saved us | saved a node |\n|---|---|---|---|---|")
-    rows = [(f"{name}", lambda n, name=name: n == name, counts[name]) for name in sorted(counts)]
+    rows = [(name, lambda n, name=name: n == name, counts[name]) for name in sorted(counts)]
     rows += [("all but the matvecs", lambda n: not matvec(n), sum(c for n, c in counts.items() if not matvec(n))),
              ("the matvecs", matvec, sum(c for n, c in counts.items() if matvec(n))),
              ("all", lambda n: True, len(nodes))]
     for label, off, n in rows:
         us = step_us(off)
         print(f"| {label} | {n} | {us:.1f} | {full - us:.1f} | {(full - us) / max(n, 1):.2f} |", flush=True)
-    step_us(lambda name: False)
     destroy(graph)
 
 

@@ -117,20 +117,18 @@ if PIN:
 sys.argv = ["floor.py", CUBIN]
 runpy.run_path(FLOOR, run_name="__main__")
 """
-PHASES = ("cuda_init_ms", "init_cuinit_ms", "init_context_ms", "init_import_ms", "backend_init_ms", "model_load_ms", "upload_ms", "prompt_eval_ms", "first_token_ms", "ops_ready_ms",
-          "load_end_ms", "pass_start_ms")
+PHASES = ("cuda_init_ms", "init_cuinit_ms", "init_context_ms", "init_import_ms", "backend_init_ms", "model_load_ms",
+          "upload_ms", "prompt_eval_ms", "first_token_ms", "ops_ready_ms", "load_end_ms", "pass_start_ms")
 
 
 def rows(args) -> list[Row]:
     prompt = " ".join(["hello"] * args.prompt_tokens)
     out = []
     if args.floor_bin:
-        cubin = os.path.join(args.floor_bin, "floor.cubin")
+        cubin, floor_py = os.path.join(args.floor_bin, "floor.cubin"), os.path.join(os.path.dirname(HERE), "bench", "floor.py")
         for env, suffix in (({}, ""), (DRIVER_SETTINGS, ", Reflex's driver settings")):
-            out.append(Row(f"floor, python3 + ctypes{suffix}", "", "", [args.python, os.path.join(os.path.dirname(HERE), "bench", "floor.py"),
-                                                                         cubin], "line:FLOOR_OK", env))
+            out.append(Row(f"floor, python3 + ctypes{suffix}", "", "", [args.python, floor_py, cubin], "line:FLOOR_OK", env))
         if args.teardown:
-            floor_py = os.path.join(os.path.dirname(HERE), "bench", "floor.py")
             for label, device_bytes, pin in (("1 GB of device memory", 1 << 30, ""), ("4 GB of device memory", 4 << 30, ""),
                                              ("the model file pinned", 0, args.model)):
                 code = (FLOOR_HOLDING.replace("DEVICE_BYTES", str(device_bytes)).replace("PIN", repr(pin))
@@ -171,7 +169,8 @@ def main() -> None:
             print(f"| {name} | 0 | {rs[0]['stderr_tail'][-300:]!r} |")
             continue
         med = lambda vs: f"{statistics.median(vs):.1f}" if vs else "–"  # noqa: E731
-        cells = [med([r["first_ms"] for r in ok]), med([r["exit_ms"] for r in ok]), med([r["exit_ms"] - r["first_ms"] for r in ok])] + [med([r["phases"][k] for r in ok if k in r["phases"]]) for k in PHASES]
+        cells = [med([r["first_ms"] for r in ok]), med([r["exit_ms"] for r in ok]), med([r["exit_ms"] - r["first_ms"] for r in ok])]
+        cells += [med([r["phases"][k] for r in ok if k in r["phases"]]) for k in PHASES]
         print(f"| {name} | {len(ok)} | " + " | ".join(cells) + " |", flush=True)
 
 
