@@ -1,6 +1,10 @@
-"""Decode steps replayed as CUDA graphs give what eager launches give: the same tokens and the
-same log-probabilities, greedy and sampled (penalties included), at every position, across
-requests on one model, and the graph is really what ran."""
+"""Passes replayed as CUDA graphs give what eager launches give: decode steps the same tokens
+and the same log-probabilities, greedy and sampled (penalties included), at every position,
+across requests on one model, and prompts of a repeated length the same logits bit for bit;
+the graph is really what ran."""
+import random
+
+import numpy as np
 import pytest
 
 import reflex_engine
@@ -40,8 +44,21 @@ def test_replayed_decode_equals_eager_decode(models, sampling):
         assert got[0] == want[0]
         assert got[2] == want[2]
         assert got[1] == pytest.approx(want[1], abs=1e-6)
-    assert type(graphed._decode_step).__name__ == "DecodeGraph" and graphed._decode_step._exec is not None
-    assert type(eager._decode_step).__name__ != "DecodeGraph"
+    assert 1 in [shape[0] for shape in graphed._forward.graphs]  # the decode step's graph
+    assert type(eager._forward).__name__ != "ReplayedPasses"
+
+
+def test_replayed_prompt_passes_equal_eager_ones(models):
+    graphed, eager = models
+    rng = random.Random(5)
+    for n in (8, 3, 8):  # the third and later of each run of one length replay the second's graph
+        for _ in range(4):
+            ids = [rng.randrange(1, graphed.config.n_vocab) for _ in range(n)]
+            np.testing.assert_array_equal(graphed.logits(ids), eager.logits(ids))
+    for _ in range(4):  # a 16-token prompt's pass, its last row's logits sampled from
+        prompt = [rng.randrange(1, graphed.config.n_vocab) for _ in range(16)]
+        assert run(graphed, prompt, SAMPLINGS[1]) == run(eager, prompt, SAMPLINGS[1])
+    assert 16 in [shape[0] for shape in graphed._forward.graphs]
 
 
 def test_kernels_that_start_before_the_previous_one_ends_compute_what_serialized_kernels_do(monkeypatch):

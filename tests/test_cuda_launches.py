@@ -1,8 +1,9 @@
 """Which kernels a pass launches on the CUDA backend, counted below the binding (test_cuda_errors.py's
 fake libcuda; everything above it is real): weights reading one x share a launch where they take
 one kernel (q, k and v; gate and up), q and k are rotated together, a short prompt's attention
-needs no merge, the short-prompt GEMM splits only weights too small to fill the GPU, and wide rows take
-the tensor-core kernels. On the tiny Qwen3 fixture: 2 layers of 256, q 256 rows, k and v 128 each, gate,
+needs no merge, the short-prompt GEMM splits only weights too small to fill the GPU, wide rows take
+the tensor-core kernels, and a pass whose shape comes twice in a row is captured as a CUDA graph and
+replayed after (test_cuda_graphs.py checks on a GPU that a replay computes what eager launches do). On the tiny Qwen3 fixture: 2 layers of 256, q 256 rows, k and v 128 each, gate,
 up and down 256, the tied head 384, all Q4_K."""
 from collections import Counter
 
@@ -33,6 +34,62 @@ def record(fake, monkeypatch):  # noqa: F811
     monkeypatch.setattr(device_module.Device, "launch", recording)
     model = reflex_engine.load(MODEL, device="cuda")
     return model, names
+
+
+@pytest.fixture
+def graphed(fake, monkeypatch):  # noqa: F811
+    """The model on the fake GPU with graphs on, and what its passes did: "capture" and "replay"
+    for each graph captured and launched."""
+    lib = fake()
+    monkeypatch.delenv("REFLEX_CUDA_GRAPHS", raising=False)
+    events: list[str] = []
+    lib.cuStreamBeginCapture_v2 = lambda *a: events.append("capture") or 0
+    lib.cuGraphLaunch = lambda *a: events.append("replay") or 0
+    lib.cuGraphExecDestroy = lambda *a: events.append("destroy") or 0
+    return reflex_engine.load(MODEL, device="cuda"), events
+
+
+def prompt_pass(model, events, ids) -> str:
+    """How the prompt's pass ran: "eager", "captured" (then launched) or "replayed"."""
+    events.clear()
+    for _ in model.generate(ids, max_tokens=1, sampling=SamplingParams(temperature=0), ignore_eos=True):
+        pass
+    return "captured" if "capture" in events else "replayed" if "replay" in events else "eager"
+
+
+def test_a_prompt_length_seen_before_is_captured_then_replayed(graphed):
+    model, events = graphed
+    a, b = list(range(1, 17)), list(range(1, 12))
+    assert [prompt_pass(model, events, ids) for ids in (a, b, a[::-1], b, a, b)] == \
+        ["eager", "eager", "captured", "captured", "replayed", "replayed"]
+
+
+def test_the_graphs_used_last_are_kept(graphed):
+    model, events = graphed
+    lengths = [16, 11, 5, 9, 3]
+    for n in lengths:
+        assert [prompt_pass(model, events, list(range(1, n + 1))) for _ in range(2)] == ["eager", "captured"]
+    assert events.count("destroy") == 1  # the fifth shape's capture destroyed the first's graph
+    assert [shape[0] for shape in model._forward.graphs] == lengths[1:]
+    assert prompt_pass(model, events, list(range(1, 17))) == "captured"
+
+
+def test_a_decode_step_is_captured_at_its_second_step_and_replayed_at_every_position_after(graphed):
+    model, events = graphed
+    for _ in model.generate([1, 2, 3], max_tokens=6, sampling=SamplingParams(temperature=0), ignore_eos=True):
+        pass
+    assert events == ["capture", "replay", "replay", "replay", "replay"]  # steps 2-5 of the 5 after the prompt's
+    assert [shape[0] for shape in model._forward.graphs] == [1]
+
+
+def test_a_pass_wanting_more_logits_rows_than_the_graph_pool_holds_stays_eager(graphed):
+    model, events = graphed
+    for _ in range(3):
+        model.logits(list(range(1, 17)))  # 16 rows of logits: the graph pool's buffers hold 8
+    assert "capture" not in events and "replay" not in events
+    model.logits(list(range(1, 9)))
+    model.logits(list(range(1, 9)))
+    assert events == ["capture", "replay"]
 
 
 def matmul_launches(names):

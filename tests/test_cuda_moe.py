@@ -159,9 +159,9 @@ def decode_with_and_without_graphs(monkeypatch, path):
             gen = model.generate(prompt, max_tokens=40, sampling=SamplingParams(temperature=0), ignore_eos=True, logprobs=True)
             events = [e for e in gen if e.id is not None]
             out.append(([e.id for e in events], [e.logprob for e in events]))
-        assert (type(model._decode_step).__name__ == "DecodeGraph") == (graphs == "1")
+        assert (type(model._forward).__name__ == "ReplayedPasses") == (graphs == "1")
         if graphs == "1":
-            assert model._decode_step._exec is not None
+            assert [shape[0] for shape in model._forward.graphs] == [1]  # the decode step's
         runs.append(out)
     return runs
 

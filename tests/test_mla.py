@@ -88,17 +88,17 @@ def _without(model, what):
         for lw in model.weights.blk:
             lw.exp_probs_b = None
     elif what == "expert groups":
-        model.config = cfg._replace(routing=cfg.routing._replace(n_groups=1, n_groups_used=1))
+        model.file.config = cfg._replace(routing=cfg.routing._replace(n_groups=1, n_groups_used=1))
     elif what == "renormalisation":
-        model.config = cfg._replace(routing=cfg.routing._replace(norm=False))
+        model.file.config = cfg._replace(routing=cfg.routing._replace(norm=False))
     elif what == "routed scaling":
-        model.config = cfg._replace(routing=cfg.routing._replace(scale=1.0))
+        model.file.config = cfg._replace(routing=cfg.routing._replace(scale=1.0))
     elif what == "shared experts":
-        model.config = cfg._replace(n_shared_experts=0)
+        model.file.config = cfg._replace(n_shared_experts=0)
     elif what == "yarn":
-        model.config = cfg._replace(rope=cfg.rope._replace(ext_factor=0.0))
+        model.file.config = cfg._replace(rope=cfg.rope._replace(ext_factor=0.0))
     elif what == "mscale":
-        model.config = cfg._replace(scale=cfg.qk_head_dim**-0.5)
+        model.file.config = cfg._replace(scale=cfg.qk_head_dim**-0.5)
 
 
 @pytest.mark.parametrize("variant,what", [

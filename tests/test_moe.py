@@ -147,7 +147,7 @@ def test_qwen3moe_renormalises_the_top_k_weights_and_that_matters():
     with np.load(paths("qwen3moe", "F32")[1]) as z:
         ids, expected = z["prompt_4"].tolist(), z["logits_4"]
     assert np.abs(model.logits(ids) - expected).max() <= TOLERANCE["cpu"] * np.ptp(expected)
-    model.config = cfg._replace(routing=cfg.routing._replace(norm=False))  # HF's norm_topk_prob=False
+    model.file.config = cfg._replace(routing=cfg.routing._replace(norm=False))  # HF's norm_topk_prob=False
     assert np.abs(model.logits(ids) - expected).max() > 1e-2
 
 

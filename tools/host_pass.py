@@ -58,7 +58,7 @@ def record(model, lib, out: str) -> int:
     for n in (16, 40):
         generate(model, prompt(n, model.config.n_vocab, seed=n), 4)
     model.ops.graphs = True
-    model._decode_step = model.ops.replayable(model._decode_step)
+    model._forward = model.ops.replayable(model._forward)
     generate(model, prompt(16, model.config.n_vocab, seed=1), 3)
     with open(out, "w") as fh:
         for name, grid, block, smem, ex, args in lib.launches:

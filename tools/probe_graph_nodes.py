@@ -49,12 +49,12 @@ def main() -> None:
     kept = []
     destroy = drv.cuGraphDestroy
     drv.cuGraphDestroy = kept.append  # the engine destroys the graph once instantiated: keep it
-    model._decode_step.close()
+    model._forward.close()
     greedy = SamplingParams(temperature=0)
     for _ in model.generate(list(range(1000, 1128)), max_tokens=4, sampling=greedy, ignore_eos=True):
         pass
     drv.cuGraphDestroy = destroy
-    exec_, graph = model._decode_step._exec, kept[-1]
+    exec_, graph = model._forward.graphs[next(iter(model._forward.graphs))]._exec, kept[-1]  # the decode step's
     names_of = {fn.value: name for name, fn in dev._functions.items()}
     nodes = kernel_nodes(lib, graph, names_of)
     counts = Counter(name for _, name in nodes)

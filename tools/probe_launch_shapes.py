@@ -63,7 +63,7 @@ def main() -> None:
         ops.MAX_FUSED, ops.GEMM_BLOCKS_AN_SM, ops.X16_MMA_TYPES = fused, blocks, mma_types if mma else ()
         ops.X16_MMA_WARPS, ops.GEMM_FRAG_TYPES, ops.GEMM_FRAG_WARPS = warps, frag_types if frag else (), frag_warps
         model.ops._plans.clear()  # the matmuls' launches, made again with these constants
-        model._decode_step.close()  # captured again at the next step, with these launches
+        model._forward.close()  # captured again at the next steps, with these launches
         reports = [run_bench(model, runs=2, decode_tokens=64, prefill_tokens=PROMPTS, contexts=(128,))
                    for _ in range(args.runs)]
         rate = statistics.median(r.decode[128]["tokens_per_s"] for r in reports)

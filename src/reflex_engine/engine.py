@@ -161,10 +161,10 @@ class System1Result(NamedTuple):
     cached_tokens: int = 0  # of prompt_tokens, those an imported or baked KV state held
 
 
-def _release(decode_step, ops) -> None:
+def _release(forward, ops) -> None:
     """Best effort, also from a finalizer: a device already failed (its context lost after an error)
     refuses the frees, and the driver gives everything back at the process's exit."""
-    for part in (decode_step, ops):  # the captured step first: it lives in the ops' memory
+    for part in (forward, ops):  # the captured passes first: they live in the ops' memory
         close = getattr(part, "close", None)
         if close is not None:
             try:
@@ -187,11 +187,12 @@ class Model:
         self.file, self.ops, self.weights, self.cache, self.n_ctx = file, ops, weights, cache, n_ctx
         self.uploaded = uploaded  # bytes of weights the backend copies to its device
         self.config, self.tokenizer = file.config, file.tokenizer
-        # a decode step: the same launches every token, which a device backend may capture once
-        self._decode_step = ops.replayable(lambda batch: file.arch.forward(ops, weights, file.config, cache, batch, [0]))
+        # a forward pass: every decode step, and every prompt of one length at one slot, makes the same
+        # launches, which a device backend may capture once
+        self._forward = ops.replayable(lambda batch, rows: file.arch.forward(ops, weights, file.config, cache, batch, rows))
         # the device's memory goes back with the model (or at close()), never on the way out of the
         # process: the driver releases it at exit, faster
-        self._release = weakref.finalize(self, _release, self._decode_step, ops)
+        self._release = weakref.finalize(self, _release, self._forward, ops)
         self._release.atexit = False
 
     def close(self) -> None:
@@ -238,7 +239,7 @@ class Model:
             b = min(n, a + step)
             wanted = [i for i, r in enumerate(out_rows) if a <= r < b]
             part = Batch(batch.tokens[a:b], batch.positions[a:b], batch.segments[a:b], batch.start + a)
-            logits = self.file.arch.forward(self.ops, self.weights, self.config, self.cache, part, [out_rows[i] - a for i in wanted])
+            logits = self._forward(part, [out_rows[i] - a for i in wanted])
             if wanted:
                 yield wanted, logits
             del logits  # before the next pass, so a device backend can reuse the buffer
@@ -440,7 +441,7 @@ class Model:
                 gen.finish_reason = "length"
                 break
             # the logits go out of scope inside _choose: the next step's take the same device buffer
-            token, scored = self._choose(self._decode_step(Batch.causal([token], n_past)), history, sampler, n_top, guide)
+            token, scored = self._choose(self._forward(Batch.causal([token], n_past), [0]), history, sampler, n_top, guide)
             n_past += 1
         if gen.finish_reason != "stop":
             text += stream.flush()

@@ -152,10 +152,10 @@ class Ops(Protocol):
         """Wait until every committed weight is on the device: the ms from the commit to the last
         copy's end (None where nothing was copied)."""
 
-    def replayable(self, forward: Callable[[Batch], Tensor]) -> Callable[[Batch], Tensor]:
-        """forward(batch) -> logits of the batch's one token, as a function the backend may record
-        on its first call and replay after (a CUDA graph): every later batch must have the same
-        shape (one token, segment 0) and forward must do nothing but call ops."""
+    def replayable(self, forward: Callable[[Batch, Sequence[int]], Tensor]) -> Callable[[Batch, Sequence[int]], Tensor]:
+        """forward(batch, out_rows) -> logits (len(out_rows), V), as a function the backend may
+        record for a batch's shape and replay for later batches of that shape (CUDA graphs):
+        forward must do nothing but call ops."""
 
     def new_kv_cache(self, shape: CacheShape) -> Any:
         """The cache, made once per model and reused by every request: K, V and slot segments."""

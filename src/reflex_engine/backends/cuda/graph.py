@@ -1,29 +1,83 @@
-"""One decode step as a CUDA graph: captured on its first call, then replayed for every token.
+"""Forward passes as CUDA graphs: a pass whose shape was seen before is captured, then replayed
+whenever that shape comes again.
 
-A decode step is a few hundred kernel launches, each 10-20 µs of Python and ctypes; a replay is
-one launch. A captured step replays correctly at any position because nothing it reads is baked
-into the graph except addresses: its activations come from a pool only the graph uses, and the
-per-pass ints (token ids, positions, segments, the first cache slot, the logits rows) sit in the
-scratch region, which the graph's first node fills from a pinned host buffer. Before each launch
-the host writes the next batch's ints there; the step after it reads them on the device.
+A pass is a few hundred kernel launches, each 10-20 µs of Python and ctypes; a replay is one
+launch. Every decode step has one shape, and so has a prompt of the same length at the same
+slot (a client sending one template, a benchmark's repeats). A captured pass replays correctly
+for any tokens and positions because nothing it reads is baked into the graph except addresses
+and its shape: its activations come from a pool only graphs use, and the per-pass ints (token
+ids, positions, segments, the first cache slot, the logits rows) sit in the scratch region,
+which the graph's first node fills from a pinned host buffer. Before each launch the host
+writes the next batch's ints there; the pass after it reads them on the device.
+
+A capture costs an eager pass plus the graph's instantiation, so a shape is captured when it
+comes the second time, never the first: a one-shot process's prompt stays eager.
 """
 from __future__ import annotations
 
 import ctypes
 from ctypes import byref, c_void_p
-from typing import Callable
+from typing import Callable, Sequence
 
 from ...errors import ReflexError
 from ...ops import Batch
 from . import driver as cu
 
-# how each staged kind follows from the batch; the others ("rows") must be the same every step
+# how each staged kind follows from the batch; the others ("rows") must be the same every replay
 FROM_BATCH = {"tokens": lambda b: list(b.tokens), "positions": lambda b: list(b.positions),
               "segments": lambda b: list(b.segments), "start": lambda b: [b.start]}
+SEEN_SHAPES = 16  # the shapes remembered: one of them that comes again is captured
 
 
-class DecodeGraph:
-    """forward(batch) -> logits for batches of one shape (one token, one segment), replayed."""
+def pass_shape(batch: Batch, rows: Sequence[int]) -> tuple:
+    """What fixes a pass's launches: the tokens' count, segments and logits rows, and where the
+    batch starts in the cache. A one-token pass's grids cover the whole cache, so any start but
+    the first (a fresh recurrent state) replays the same graph; a prompt's grids reach its last slot."""
+    n = len(batch.tokens)
+    return n, (batch.start == 0) if n == 1 else batch.start, tuple(batch.segments), tuple(rows)
+
+
+class ReplayedPasses:
+    """forward(batch, rows) -> logits, with each shape seen before captured once and replayed
+    after; the `kept` graphs used last are kept. Passes asking for more logits rows than max_rows
+    stay eager: a graph's logits live in the graph pool, whose buffers hold max_rows rows."""
+
+    def __init__(self, ops, forward: Callable[[Batch, Sequence[int]], object], step_ints: tuple[str, ...],
+                 max_rows: int, kept: int):
+        self.ops, self.forward, self.step_ints, self.max_rows, self.kept = ops, forward, step_ints, max_rows, kept
+        self.graphs: dict[tuple, CapturedPass] = {}  # in the order of their last use
+        self._seen: dict[tuple, None] = {}  # likewise
+
+    def __call__(self, batch: Batch, rows: Sequence[int]):
+        shape = pass_shape(batch, rows)
+        graph = self.graphs.pop(shape, None)
+        if graph is None:
+            seen = self._seen.pop(shape, 0) is None
+            self._seen[shape] = None
+            while len(self._seen) > SEEN_SHAPES:
+                del self._seen[next(iter(self._seen))]
+            if not seen or len(rows) > self.max_rows:
+                return self.forward(batch, rows)
+            while len(self.graphs) >= self.kept:
+                self.graphs.pop(next(iter(self.graphs))).close()
+            graph = CapturedPass(self.ops, lambda b: self.forward(b, rows), self.step_ints)
+        try:
+            out = graph(batch)
+        except BaseException:
+            graph.close()
+            raise
+        self.graphs[shape] = graph
+        return out
+
+    def close(self) -> None:
+        """Destroy every captured pass (Model.close; tools that change the launches)."""
+        while self.graphs:
+            self.graphs.popitem()[1].close()
+        self._seen.clear()
+
+
+class CapturedPass:
+    """forward(batch) -> logits for batches of one shape, captured on the first call and replayed."""
 
     def __init__(self, ops, forward: Callable[[Batch], object], step_ints: tuple[str, ...]):
         self.ops, self.forward = ops, forward
@@ -31,13 +85,13 @@ class DecodeGraph:
         self._offsets = {kind: ops._ints[kind] - base for kind in step_ints}
         last = step_ints[-1]
         self._base, self._span = base, ops._ints[last] - base + 4 * ops.max_batch
-        self._pinned = c_void_p()  # allocated at the capture, after the first token
+        self._pinned = c_void_p()  # allocated at the capture
         self._exec = None
         self._out = None  # the logits tensor the graph writes: kept for the graph's lifetime
         self._constants: dict[str, list[int]] = {}
 
     def close(self) -> None:
-        """Destroy the captured step and free its pinned buffer (Model.close)."""
+        """Destroy the graph, free its pinned buffer and give its logits buffer back to the pool."""
         drv = self.ops.device.drv
         if self._exec is not None:
             drv.cuGraphExecDestroy(self._exec)
@@ -45,6 +99,7 @@ class DecodeGraph:
         if self._pinned:
             drv.cuMemFreeHost(self._pinned)
             self._pinned = c_void_p()
+        self._out = None
 
     def __call__(self, batch: Batch):
         if self._exec is None:
@@ -75,14 +130,15 @@ class DecodeGraph:
             drv.cuMemcpyHtoDAsync_v2(self._base, self._pinned, self._span, stream)  # the staged ints
             out = self.forward(batch)
         finally:
-            ops._captured_ints, dev.overlap_launches = None, False
+            # and what the scratch held for the capture's tensors, whose buffers then go back to the pool
+            ops._captured_ints, ops._x16_of, ops._xh_of, dev.overlap_launches = None, None, None, False
             drv.cuStreamEndCapture(stream, byref(graph))
         try:
             for kind, vals in recorded.items():
                 if kind not in self._offsets:
-                    raise ReflexError(f"internal error: a captured decode step reads {kind!r}, which is not staged")
+                    raise ReflexError(f"internal error: a captured pass reads {kind!r}, which is not staged")
                 if kind in FROM_BATCH and vals != FROM_BATCH[kind](batch):
-                    raise ReflexError(f"internal error: a captured decode step's {kind} do not follow from its batch")
+                    raise ReflexError(f"internal error: a captured pass's {kind} do not follow from its batch")
             self._constants = {kind: vals for kind, vals in recorded.items() if kind not in FROM_BATCH}
             exec_ = c_void_p()
             drv.cuGraphInstantiateWithFlags(byref(exec_), graph, 0)

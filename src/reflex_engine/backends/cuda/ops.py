@@ -71,6 +71,9 @@ SPLIT_COUNTS = MAX_BATCH * 128
 # ~300 on 0.6B (whose passes the f16 path's extra launches slow), docs/perf-notes.md run 7
 F16_GEMM_MIN_TOKENS = 128
 W16_MAX_BYTES = 64 << 20  # the f16 copy of weight rows that long-prompt GEMMs work from
+# captured passes kept (graph.py): a decode step's and the last prompts'. Each holds its logits
+# (at most MATVEC_MAX_TOKENS rows) in the graph pool
+KEPT_GRAPHS = 4
 # the per-pass ints a forward pass reads from scratch, in their order there (graph.py stages them)
 STEP_INTS = ("tokens", "positions", "segments", "start", "rows")
 
@@ -189,8 +192,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._upload: Upload | None = None  # the committed copies while any are in flight
         self._upload_ms: float | None = None
         self._arriving: dict[int, tuple[int, memoryview]] = {}  # weight address -> (its copy, its bytes) until first read
-        self._captured_ints: dict[str, list[int]] | None = None  # while graph.py captures a step
-        self.graphs = os.environ.get("REFLEX_CUDA_GRAPHS") != "0"  # replay decode steps as CUDA graphs
+        self._captured_ints: dict[str, list[int]] | None = None  # while graph.py captures a pass
+        self.graphs = os.environ.get("REFLEX_CUDA_GRAPHS") != "0"  # replay repeated passes as CUDA graphs
 
     @property
     def description(self) -> str:
@@ -225,15 +228,16 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._x16_width = max([activation_width] + [shape[0] for _, shape in tensors if len(shape) == 2])
         x16_bytes = aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width) + aligned(MATVEC_PASSES_MAX_TOKENS * self._x16_width // 4)
         scratch += x16_bytes
-        # three pools: decode-sized buffers (a step's addresses never move), the same for a captured
-        # decode step alone (graph.py), and whole-pass ones
+        # three pools: decode-sized buffers (a step's addresses never move), the same for captured
+        # passes alone (graph.py: one pass's buffers beside the other kept graphs' logits), and whole-pass ones
         small, large = aligned(2 * MATVEC_MAX_TOKENS * activation_width * 4), aligned(MAX_BATCH * activation_width * 4)
-        plan = Plan(sum(device_nbytes(t, s) for t, s in tensors) + len(tensors) * 256, kv_bytes, 2 * small + large, scratch)
+        graph = aligned(KEPT_GRAPHS * MATVEC_MAX_TOKENS * activation_width * 4)
+        plan = Plan(sum(device_nbytes(t, s) for t, s in tensors) + len(tensors) * 256, kv_bytes, small + graph + large, scratch)
         plan.check(self.device.free_memory(), self.device.info.name, cache.capacity)
         self.reserved_bytes = plan.total
         self._allocations = self._regions(
             [(plan.weights, "weights"), (plan.cache, "KV cache"), (plan.scratch, "scratch"), (small, "small activation"),
-             (small, "graph activation"), (large, "activation")])
+             (graph, "graph activation"), (large, "activation")])
         weights, kv, scratch_, small_, graph_, large_ = self._allocations
         self._weights, self._cache, self._scratch = weights, kv, scratch_
         self._small, self._graph_pool = Pool(small_, MATVEC_MAX_TOKENS), Pool(graph_, MATVEC_MAX_TOKENS)
@@ -332,9 +336,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
     def replayable(self, forward):
         if not self.graphs:
             return forward
-        from .graph import DecodeGraph
+        from .graph import ReplayedPasses
 
-        return DecodeGraph(self, forward, STEP_INTS)
+        return ReplayedPasses(self, forward, STEP_INTS, MATVEC_MAX_TOKENS, KEPT_GRAPHS)
 
     def new_kv_cache(self, shape: CacheShape) -> KVCache:
         c, kv = self._cache, shape.kv_layers
@@ -364,7 +368,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
 
     def _upload_ints(self, kind: str, values: Sequence[int]) -> int:
         """Copy ints into their scratch slot; pageable source: the driver stages it before returning.
-        While a decode step is captured, record them instead: graph.py stages them per replay."""
+        While a pass is captured, record them instead: graph.py stages them per replay."""
         ptr = self._ints[kind]
         if self._captured_ints is not None:
             self._captured_ints[kind] = list(values)
