@@ -27,6 +27,10 @@ from . import driver as cu
 FROM_BATCH = {"tokens": lambda b: list(b.tokens), "positions": lambda b: list(b.positions),
               "segments": lambda b: list(b.segments), "start": lambda b: [b.start]}
 SEEN_SHAPES = 16  # the shapes remembered: one of them that comes again is captured
+# passes of at most this many tokens are captured with overlapped launches (device.py): a decode
+# step's kernels each fill under a wave, and overlapping hides their launches' latency; a prompt's
+# kernels are captured as eager passes launch them (docs/perf-notes.md, run 12)
+OVERLAP_MAX_TOKENS = 1
 
 
 def pass_shape(batch: Batch, rows: Sequence[int]) -> tuple:
@@ -125,7 +129,7 @@ class CapturedPass:
         ops._captured_ints, ops._positions = recorded, None
         graph = c_void_p()
         drv.cuStreamBeginCapture_v2(stream, cu.STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        dev.overlap_launches = True
+        dev.overlap_launches = len(batch.tokens) <= OVERLAP_MAX_TOKENS
         try:
             drv.cuMemcpyHtoDAsync_v2(self._base, self._pinned, self._span, stream)  # the staged ints
             out = self.forward(batch)
