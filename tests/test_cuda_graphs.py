@@ -1,7 +1,8 @@
 """Passes replayed as CUDA graphs give what eager launches give: decode steps the same tokens
 and the same log-probabilities, greedy and sampled (penalties included), at every position,
 across requests on one model, and prompts of a repeated length the same logits bit for bit;
-the graph is really what ran."""
+the graph is really what ran. A greedy decode that runs a pass ahead of the host gives the
+tokens of one that waits."""
 import random
 
 import numpy as np
@@ -46,6 +47,15 @@ def test_replayed_decode_equals_eager_decode(models, sampling):
         assert got[1] == pytest.approx(want[1], abs=1e-6)
     assert 1 in [shape[0] for shape in graphed._forward.graphs]  # the decode step's graph
     assert type(eager._forward).__name__ != "ReplayedPasses"
+
+
+def test_a_greedy_decode_queued_ahead_of_the_host_equals_one_waiting_for_each_token(models):
+    """Greedy without scores, each pass reads the device's own choice before the host has it;
+    with scores (run's top_logprobs) the host reads each token first."""
+    for model in models:  # replayed and eager
+        for prompt in PROMPTS:
+            gen = model.generate(prompt, max_tokens=40, sampling=SAMPLINGS[0], ignore_eos=True)
+            assert [e.id for e in gen if e.id is not None] == run(model, prompt, SAMPLINGS[0])[0]
 
 
 def test_replayed_prompt_passes_equal_eager_ones(models):

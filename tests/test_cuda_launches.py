@@ -74,12 +74,35 @@ def test_the_graphs_used_last_are_kept(graphed):
     assert prompt_pass(model, events, list(range(1, 17))) == "captured"
 
 
-def test_a_decode_step_is_captured_at_its_second_step_and_replayed_at_every_position_after(graphed):
+def wait_for_choices(model, events) -> None:
+    """Record "wait" where the host waits for a choice the device copies back (cuda/sampler.py Readback)."""
+    def synchronize(event):
+        readback = model.ops._readback
+        if readback is not None and event.value in [e.value for e in readback.events]:
+            events.append("wait")
+
+    model.ops.device.drv.cuEventSynchronize = synchronize
+
+
+def test_a_greedy_decode_queues_each_pass_before_the_host_reads_the_token_it_follows(graphed):
+    """The device chooses greedily on its own and the next pass reads the choice there (ops.SAMPLED),
+    so each pass is queued before the host waits for the token before it; that pass's shape (a
+    token on the device) is captured at its second step and replayed at every position after."""
     model, events = graphed
+    wait_for_choices(model, events)
     for _ in model.generate([1, 2, 3], max_tokens=6, sampling=SamplingParams(temperature=0), ignore_eos=True):
         pass
-    assert events == ["capture", "replay", "replay", "replay", "replay"]  # steps 2-5 of the 5 after the prompt's
+    # the passes of tokens 0 and 1 eager, then 2, 3 and 4 replayed; the last token's pass never runs
+    assert events == ["wait", "capture", "replay", "wait", "replay", "wait", "replay", "wait", "wait"]
     assert [shape[0] for shape in model._forward.graphs] == [1]
+
+
+def test_a_sampled_decode_waits_for_each_token_before_its_pass(graphed):
+    model, events = graphed
+    wait_for_choices(model, events)
+    for _ in model.generate([1, 2, 3], max_tokens=6, sampling=SamplingParams(temperature=0.8, seed=1), ignore_eos=True):
+        pass
+    assert events == ["capture", "replay", "replay", "replay", "replay"]  # tokens 1-4's passes; token 0's eager
 
 
 def test_a_pass_wanting_more_logits_rows_than_the_graph_pool_holds_stays_eager(graphed):
@@ -112,10 +135,10 @@ def test_a_prompt_pass_shares_launches_between_weights_of_one_kernel(record):
 def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
     model, names = record
     greedy = SamplingParams(temperature=0)
-    steps = iter(model.generate([1, 2, 3], max_tokens=3, sampling=greedy, ignore_eos=True))
+    steps = iter(model.generate([1, 2, 3], max_tokens=2, sampling=greedy, ignore_eos=True))
     next(steps)  # the prompt's pass and the first token
     names.clear()
-    next(steps)  # one decode step
+    next(steps)  # one decode step (the last: none is queued after it)
     # one token: q + k + v, o, gate + up, down a layer, then the head
     assert matmul_launches(names) == {"matvec_x16_1_q4_K": 2 * 4 + 1}
     # a decode step splits the whole cache (one grid for every position, as its graph replays it), and the

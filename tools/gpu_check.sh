@@ -25,8 +25,7 @@
 #               launch and the short-prompt GEMM's column splits against decode and prefill 16 and 64
 #   GRAPH_NODES=1  tools/probe_graph_nodes.py on each MAIN_SHAPES Q4_K_M file (GRAPH_NODES_ARGS): a replayed decode step with
 #               kernels switched off by name
-#   PROMPT_GRAPHS=1  tools/probe_prompt_graphs.py on each MAIN_SHAPES Q4_K_M file: prompt passes eager and as graphs
-#               captured with serialized or overlapped launches
+#   PROBES="tools/probe_prompt_graphs.py tools/probe_decode_ahead.py"  each of those tools on each MAIN_SHAPES Q4_K_M file
 #   VARIANTS=1  tools/probe_launch_shapes.py (the image's probe_args file, else VARIANT_ARGS) on each MAIN_SHAPES Q4_K_M
 #               file with each kernel image in .variants/ (sm_90 images built here from edited constants) in place of the carried one
 #   CROSSOVER=1 tools/probe_gemm_crossover.py on each MAIN_SHAPES Q4_K_M file: prompt passes through either GEMM
@@ -119,7 +118,7 @@ fi
 model_file() { case $1 in dsv2-lite|qwen35-*) echo "/tmp/$1-$2.gguf" ;; *) echo "/tmp/qwen3-$1-$2.gguf" ;; esac; }
 MOE_SHAPES=${MOE_SHAPES:-30b-a3b dsv2-lite}
 q4_only() { case " $MOE_SHAPES " in *" $1 "*) return 0 ;; esac; return 1; }  # the MoE files: Q4_K_M alone
-if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ] || [ -n "${NCU:-}" ] || [ -n "${NCU_DETAIL:-}" ] || [ "${LAUNCH_PROBE:-0}" = 1 ] || [ "${CROSSOVER:-0}" = 1 ] || [ "${VARIANTS:-0}" = 1 ] || [ "${GRAPH_NODES:-0}" = 1 ] || [ "${PROMPT_GRAPHS:-0}" = 1 ]; then
+if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ] || [ -n "${NCU:-}" ] || [ -n "${NCU_DETAIL:-}" ] || [ "${LAUNCH_PROBE:-0}" = 1 ] || [ "${CROSSOVER:-0}" = 1 ] || [ "${VARIANTS:-0}" = 1 ] || [ "${GRAPH_NODES:-0}" = 1 ] || [ -n "${PROBES:-}" ]; then
     tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
     QUANTS=${QUANTS:-q4_k_m}
     SHAPES=${MAIN_SHAPES:-0.6b 8b}; [ "${MOE:-0}" = 1 ] && SHAPES="$SHAPES $MOE_SHAPES"; [ "${HYBRID:-0}" = 1 ] && SHAPES="$SHAPES qwen35-0.8b"
@@ -177,11 +176,11 @@ if [ "${GRAPH_NODES:-0}" = 1 ]; then  # what each kind of kernel costs in a repl
     done
 fi
 
-if [ "${PROMPT_GRAPHS:-0}" = 1 ]; then
+for probe in ${PROBES:-}; do
     for shape in ${MAIN_SHAPES:-0.6b 8b}; do
-        python3 tools/probe_prompt_graphs.py "$(model_file $shape q4_k_m)" 2>&1 | tee -a "$LOG"
+        python3 "$probe" "$(model_file $shape q4_k_m)" 2>&1 | tee -a "$LOG"
     done
-fi
+done
 
 if [ "${VARIANTS:-0}" = 1 ]; then  # kernel images built here with other constants, each in turn in place of the carried one
     cp -r src/reflex_engine/cuda_image /tmp/main_image

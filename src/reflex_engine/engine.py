@@ -19,7 +19,7 @@ from .arch.weights import load_weights, plan_weights
 from .backends import BackendStart, started
 from .errors import ContextExceeded, ReflexError
 from .gguf import GGUFFile
-from .ops import Batch
+from .ops import SAMPLED, Batch
 from .timing import Timings
 from .tokenizer import Tokenizer
 
@@ -412,6 +412,8 @@ class Model:
             del logits  # the decode steps' logits take the same device buffer
         timings.mark("first_token")
         stream, text, emitted = self.tokenizer.stream(), "", 0
+        # a pass may run ahead of the host's choice (_step), except into a recurrent state, which would keep it
+        ahead, pipelined = None, guide is None and n_top is None and not self.config.recurrent_layers
         decode_start = time.perf_counter()
         while True:
             if token in eog:
@@ -440,8 +442,8 @@ class Model:
             if len(gen.tokens) == max_tokens or n_past == capacity:
                 gen.finish_reason = "length"
                 break
-            # the logits go out of scope inside _choose: the next step's take the same device buffer
-            token, scored = self._choose(self._forward(Batch.causal([token], n_past), [0]), history, sampler, n_top, guide)
+            then = len(gen.tokens) + 1 != max_tokens and n_past + 1 != capacity  # the next token's pass, unless it ends
+            token, scored, ahead = self._step(token, n_past, ahead, then, pipelined, history, sampler, n_top, guide)
             n_past += 1
         if gen.finish_reason != "stop":
             text += stream.flush()
@@ -452,6 +454,24 @@ class Model:
         timings.phases["decode_ms"] = (time.perf_counter() - decode_start) * 1e3
         self._note_upload(timings)
         timings.mark("total")
+
+    def _step(self, token: int, n_past: int, ahead, then: bool, pipelined: bool, history: list[int], sampler,
+              n_top: int | None, guide) -> tuple[int, tuple, object]:
+        """The token after `token` (cache slot n_past), its score, and the function returning the
+        token after that where its pass is queued already (`ahead`, else None). Where the sampler
+        can choose on the device alone (`pipelined`: no constraint, no scores), the next pass
+        (`then`: one runs unless the chosen token ends the generation) is queued before the host
+        reads the choice, reading it on the device, so the host's share of a step runs beside the
+        device's. A pass queued for a token that ends the generation runs for nothing, on a slot
+        past the context."""
+        if ahead is None:
+            logits = self._forward(Batch.causal([token], n_past), [0])
+            ahead = sampler.ahead(logits) if pipelined else None
+            if ahead is None:  # the logits go out of scope inside _choose: the next step's take the same device buffer
+                return (*self._choose(logits, history, sampler, n_top, guide), None)
+            del logits
+        after = sampler.ahead(self._forward(Batch.causal(SAMPLED, n_past + 1), [0])) if then else None
+        return ahead(), (), after
 
     # -- system1 -------------------------------------------------------------------------------
 

@@ -85,6 +85,14 @@ class Batch(NamedTuple):
         return cls(tokens, range(start, start + n), (0,) * n, start)
 
 
+class Sampled(tuple):
+    """A batch's tokens that a device chose itself and the host has not read yet (the sampler's
+    `ahead`): a pass reads them where the choice left them."""
+
+
+SAMPLED = Sampled((0,))  # one token: the last one the sampler's `ahead` chose
+
+
 class RecurrentShape(NamedTuple):
     """The fixed-size state of a Gated DeltaNet layer, whatever the context length: the conv's last
     K-1 inputs (K-1, channels) and the delta rule's S (n_v_heads, k_dim, v_dim)."""
@@ -263,7 +271,10 @@ class Ops(Protocol):
 
     def new_sampler(self, params) -> Any:
         """A callable (logits (N, V), token history) -> the next token id after the last row; it
-        may apply the penalties to that row in place."""
+        may apply the penalties to that row in place. Its `ahead(logits)` starts the same choice
+        without waiting for it where the device can make it alone (greedy, no penalties): it
+        returns a function that waits and returns the token, and until the next choice a batch of
+        SAMPLED reads that token on the device; None where the choice needs the host."""
 
     def token_logprobs(self, logits: Tensor, pairs: Sequence[tuple[int, int]]) -> list[float]:
         """log softmax(logits[row])[token] for each (row, token) pair, computed in float64."""

@@ -72,6 +72,9 @@ class LastRowSampler(Sampler):
     def __call__(self, logits: np.ndarray, history: Sequence[int], mask=None) -> int:
         return super().__call__(logits[-1], history, mask)
 
+    def ahead(self, logits: np.ndarray) -> None:
+        return None  # the logits are on the host already: nothing to overlap
+
     def state(self) -> dict | None:
         return sampler_state(self.RNG, self.params.seed, self.rng.bit_generator.state)
 

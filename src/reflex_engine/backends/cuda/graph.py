@@ -20,7 +20,7 @@ from ctypes import byref, c_void_p
 from typing import Callable, Sequence
 
 from ...errors import ReflexError
-from ...ops import Batch
+from ...ops import SAMPLED, Batch
 from . import driver as cu
 
 # how each staged kind follows from the batch; the others ("rows") must be the same every replay
@@ -34,11 +34,12 @@ OVERLAP_MAX_TOKENS = 1
 
 
 def pass_shape(batch: Batch, rows: Sequence[int]) -> tuple:
-    """What fixes a pass's launches: the tokens' count, segments and logits rows, and where the
-    batch starts in the cache. A one-token pass's grids cover the whole cache, so any start but
-    the first (a fresh recurrent state) replays the same graph; a prompt's grids reach its last slot."""
+    """What fixes a pass's launches: the tokens' count, segments and logits rows, where the batch
+    starts in the cache, and whether its token is the device's own choice (ops.SAMPLED: read where
+    the sampler left it). A one-token pass's grids cover the whole cache, so any start but the
+    first (a fresh recurrent state) replays the same graph; a prompt's grids reach its last slot."""
     n = len(batch.tokens)
-    return n, (batch.start == 0) if n == 1 else batch.start, tuple(batch.segments), tuple(rows)
+    return n, (batch.start == 0) if n == 1 else batch.start, tuple(batch.segments), tuple(rows), batch.tokens is SAMPLED
 
 
 class ReplayedPasses:

@@ -13,7 +13,7 @@ from typing import NamedTuple, Sequence
 
 from ...errors import ReflexError
 from ...gguf import GGMLType, tensor_nbytes
-from ...ops import Batch, CacheShape, Rope, RopeMode, StateArray
+from ...ops import SAMPLED, Batch, CacheShape, Rope, RopeMode, StateArray
 from .delta_net import DeltaNetOps, RecurrentState, carve_states, check_shape, chunk_scratch_bytes
 from .device import Device
 from .experts import ExpertOps, yarn_args
@@ -193,6 +193,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._upload_ms: float | None = None
         self._arriving: dict[int, tuple[int, memoryview]] = {}  # weight address -> (its copy, its bytes) until first read
         self._captured_ints: dict[str, list[int]] | None = None  # while graph.py captures a pass
+        self._readback = None  # pinned slots for the sampler's choices read back later (cuda/sampler.py), made at its first
         self.graphs = os.environ.get("REFLEX_CUDA_GRAPHS") != "0"  # replay repeated passes as CUDA graphs
 
     @property
@@ -274,6 +275,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
             self._upload.close()
             self._upload = None
         self.device.synchronize()
+        if self._readback is not None:
+            self._readback.close()
+            self._readback = None
         for region in self._allocations:
             self.device.free(region.base)
         self._allocations = []
@@ -383,6 +387,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
 
     def embed(self, table: Weight, tokens: Sequence[int]) -> Tensor:
         out = self._new(len(tokens), table.n_cols)
+        if tokens is SAMPLED:  # the sampler's argmax left it there (cuda/sampler.py ahead)
+            self.device.launch(f"get_rows_{kernel_suffix(table.ggml_type)}", (1,), 128,
+                               (self._ready(table), self._top, out.ptr, table.n_cols, 1))
+            return out
         arriving = self._arriving.get(table.ptr)
         if arriving is not None:
             # the table is still in flight (it goes last: a pass reads only the prompt's rows of it):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ctypes
 import math
 import random
+from ctypes import byref, c_void_p
+from typing import Callable
 
 from ...errors import ReflexError
 from ...kvstate import restorable, sampler_state
@@ -37,6 +39,18 @@ class CudaSampler:
             if r < acc:
                 return token
         return ids[-1]  # r landed in the rounding gap at the top
+
+    def ahead(self, logits: Tensor) -> Callable[[], int] | None:
+        """Greedy without penalties: the last row's argmax goes where a pass of ops.SAMPLED reads
+        it, and comes back to the host without a wait, so the next pass can be queued first."""
+        p = self.params
+        if p.temperature != 0 or self._penalizes():
+            return None
+        ops = self.ops
+        ops.device.launch("argmax_rows", (1,), 1024, (logits.row(logits.rows - 1), logits.cols, ops._top))
+        if ops._readback is None:
+            ops._readback = Readback(ops.device)
+        return ops._readback.copy(ops._top)
 
     def distribution(self, row: int, n_vocab: int, mask=None) -> tuple[list[int], list[float]]:
         """(ids, probabilities) after every filter; greedy gives ([argmax], [1.0]). mask: the tokens
@@ -83,9 +97,13 @@ class CudaSampler:
         dev.launch("mask_logits", (-(-n_vocab // 256),), 256, (row, slot, n_vocab))
         return n_allowed
 
+    def _penalizes(self) -> bool:
+        p = self.params
+        return p.repeat_last_n != 0 and (p.repeat_penalty != 1 or p.presence_penalty != 0)
+
     def _penalize(self, row: int, history) -> None:
         p = self.params
-        if p.repeat_last_n == 0 or (p.repeat_penalty == 1 and p.presence_penalty == 0) or not history:
+        if not self._penalizes() or not history:
             return
         recent = sorted(set(history[-p.repeat_last_n:]))
         ids = self.ops._upload_ints("history", recent)
@@ -111,3 +129,35 @@ class CudaSampler:
         except (TypeError, ValueError):
             raise ReflexError("the KV state's sampler state is damaged") from None
         return True
+
+
+class Readback:
+    """Token ids copied back from the device while the stream goes on: two pinned slots in turn
+    (one may still be unread when the next copy is queued), each with an event after its copy."""
+
+    def __init__(self, device):
+        self.device, drv = device, device.drv
+        self.slots, self.events, self.turn = c_void_p(), [c_void_p(), c_void_p()], 0
+        drv.cuMemHostAlloc(byref(self.slots), 8, 0)
+        for event in self.events:
+            drv.cuEventCreate(byref(event), 0)
+
+    def copy(self, src: int) -> Callable[[], int]:
+        """Queue a copy of the int32 at src; the function returned waits for it and returns it."""
+        drv, stream = self.device.drv, self.device.stream
+        slot, event = self.slots.value + 4 * self.turn, self.events[self.turn]
+        self.turn ^= 1
+        drv.cuMemcpyDtoHAsync_v2(slot, src, 4, stream)
+        drv.cuEventRecord(event, stream)
+
+        def wait() -> int:
+            drv.cuEventSynchronize(event)
+            return ctypes.c_int32.from_address(slot).value
+
+        return wait
+
+    def close(self) -> None:
+        drv = self.device.drv
+        for event in self.events:
+            drv.cuEventDestroy_v2(event)
+        drv.cuMemFreeHost(self.slots)
