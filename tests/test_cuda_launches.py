@@ -64,7 +64,7 @@ def test_a_prompt_length_seen_before_is_captured_then_replayed(graphed):
         ["eager", "eager", "captured", "captured", "replayed", "replayed"]
 
 
-def test_the_graphs_used_last_are_kept(graphed):
+def test_the_graphs_used_last_are_kept_and_a_decode_steps_outlive_prompts(graphed):
     model, events = graphed
     lengths = [16, 11, 5, 9, 3]
     for n in lengths:
@@ -72,6 +72,13 @@ def test_the_graphs_used_last_are_kept(graphed):
     assert events.count("destroy") == 1  # the fifth shape's capture destroyed the first's graph
     assert [shape[0] for shape in model._forward.graphs] == lengths[1:]
     assert prompt_pass(model, events, list(range(1, 17))) == "captured"
+    for _ in range(2):  # the one-token passes' graphs: the host's token, then the device's own
+        for _ in model.generate([1, 2, 3], max_tokens=6, sampling=SamplingParams(temperature=0), ignore_eos=True):
+            pass
+    for n in lengths:
+        for _ in range(2):
+            prompt_pass(model, events, list(range(1, n + 1)))
+    assert [shape[0] for shape in model._forward.graphs] == [1, 1, 9, 3]
 
 
 def wait_for_choices(model, events) -> None:

@@ -44,8 +44,9 @@ def pass_shape(batch: Batch, rows: Sequence[int]) -> tuple:
 
 class ReplayedPasses:
     """forward(batch, rows) -> logits, with each shape seen before captured once and replayed
-    after; the `kept` graphs used last are kept. Passes asking for more logits rows than max_rows
-    stay eager: a graph's logits live in the graph pool, whose buffers hold max_rows rows."""
+    after; `kept` graphs are kept, a capture beyond them destroying the prompt's graph used
+    longest ago (a one-token pass's only where there is none). Passes asking for more logits rows
+    than max_rows stay eager: a graph's logits live in the graph pool, whose buffers hold max_rows rows."""
 
     def __init__(self, ops, forward: Callable[[Batch, Sequence[int]], object], step_ints: tuple[str, ...],
                  max_rows: int, kept: int):
@@ -63,8 +64,9 @@ class ReplayedPasses:
                 del self._seen[next(iter(self._seen))]
             if not seen or len(rows) > self.max_rows:
                 return self.forward(batch, rows)
-            while len(self.graphs) >= self.kept:
-                self.graphs.pop(next(iter(self.graphs))).close()
+            while len(self.graphs) >= self.kept:  # a prompt's graph goes first: every request decodes
+                oldest = next(iter(self.graphs))
+                self.graphs.pop(next((s for s in self.graphs if s[0] > 1), oldest)).close()
             graph = CapturedPass(self.ops, lambda b: self.forward(b, rows), self.step_ints)
         try:
             out = graph(batch)
