@@ -2,6 +2,8 @@
 out by the kernel's own parameter table (cuFuncGetParamInfo) or, where the driver has none, as the
 C ABI lays it out. Checked without a GPU: the fake libcuda (tools/fake_libcuda.py) reads each
 kernel's table from its C signature in kernels/*.cu and checks every launch's buffer against it."""
+import pathlib
+import re
 import struct
 
 import pytest
@@ -26,6 +28,44 @@ def test_every_kernel_in_the_source_has_its_c_signature_in_params_py():
     assert not wrong, f"params.py (first) disagrees with kernels/*.cu (second): {wrong}"
     assert not set(KERNELS) - set(SOURCE), "params.py names kernels kernels/*.cu lacks"
     assert all(any(name.startswith(f + "_") for name in SOURCE) for f in FAMILIES)
+
+
+# the launch shapes the host code states and the kernels were built with: (module, its name) -> (file, the kernel's)
+SHARED_CONSTANTS = {
+    ("ops", "MATVEC_MAX_TOKENS"): [("matvec.cu", "MATVEC_MAX_TOKENS"), ("matvec_x16.cu", "X16_MAX_TOKENS")],
+    ("ops", "X16_DECODE_ROWS"): [("matvec_x16.cu", "X16_DECODE_ROWS")],
+    ("ops", "X16_MMA_ROWS"): [("matvec_x16_mma.cu", "XM_ROWS")],
+    ("ops", "X16_MMA_WARPS"): [("matvec_x16_mma.cu", "XM_WARPS")],
+    ("ops", "GEMM_FRAG_ROWS"): [("gemm_frag.cu", "GF_ROWS")],
+    ("ops", "GEMM_FRAG_TOKENS"): [("gemm_frag.cu", "GF_TOKENS")],
+    ("ops", "GEMM_FRAG_WARPS"): [("gemm_frag.cu", "GF_WARPS")],
+    ("ops", "ATTENTION_MAX_SPLITS"): [("attention.cu", "ATTN_MAX_SPLITS")],
+    ("ops", "ATTENTION_SPLIT_SLOTS"): [("attention.cu", "ATTN_SPLIT_MIN_SLOTS")],
+    ("ops", "TOP_K_MAX"): [("sampling.cu", "TOPK_MAX")],
+    ("experts", "MOE_WARPS"): [("moe.cu", "MOE_WARPS")],
+    ("experts", "ROUTE_THREADS"): [("moe.cu", "ROUTE_THREADS")],
+    ("experts", "ROUTE_MAX_EXPERTS"): [("moe.cu", "ROUTE_MAX_EXPERTS")],
+    ("experts", "ROUTE_MAX_USED"): [("moe.cu", "ROUTE_MAX_USED")],
+    ("experts", "ROUTE_MAX_GROUPS"): [("moe.cu", "ROUTE_MAX_GROUPS")],
+}
+
+
+def kernel_constant(file: str, name: str) -> int:
+    """An integer constant of kernels/<file>: a `constexpr int` (one of a list too) or a `#define`."""
+    text = (pathlib.Path(reflex_engine.__file__).parent / "kernels" / file).read_text()
+    found = re.findall(rf"^\s*(?:constexpr int [^;]*?\b{name}\s*=\s*(\d+)|#define {name} (\d+))", text, re.M)
+    assert len(found) == 1, f"kernels/{file} defines {name} {len(found)} times"
+    return int("".join(found[0]))
+
+
+def test_the_launch_shapes_the_host_states_are_the_ones_the_kernels_were_built_with():
+    from reflex_engine.backends.cuda import experts, ops
+
+    modules = {"ops": ops, "experts": experts}
+    wrong = {f"{module}.{name}": [(f"kernels/{file}", const, kernel_constant(file, const)) for file, const in sources]
+             for (module, name), sources in SHARED_CONSTANTS.items()
+             if any(getattr(modules[module], name) != kernel_constant(file, const) for file, const in sources)}
+    assert not wrong, f"the host's launch shapes disagree with the kernels': {wrong}"
 
 
 def generations(model, lengths=(1, 5, 16, 40, 70, 130)):

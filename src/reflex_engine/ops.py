@@ -169,7 +169,8 @@ class Ops(Protocol):
         """The cache, made once per model and reused by every request: K, V and slot segments."""
 
     def embed(self, table: Weight, tokens: Sequence[int]) -> Tensor:
-        """Rows of the (V, E) table -> (T, E)."""
+        """Rows of the (V, E) table -> (T, E). tokens is SAMPLED only on a backend whose sampler's
+        `ahead` chose it (new_sampler)."""
 
     def rms_norm(self, x: Tensor, weight: Weight, eps: float) -> Tensor:
         """x (T, n*d), weight (d,): normalize each group of d features (d = n*d: whole row)."""
