@@ -77,7 +77,10 @@ class ReplayedPasses:
         return out
 
     def close(self) -> None:
-        """Destroy every captured pass (Model.close; tools that change the launches)."""
+        """Destroy every captured pass (Model.close; tools that change the launches), once the
+        stream is done with them: a greedy decode may have left a pass queued (engine.py _step)."""
+        if self.graphs:
+            self.ops.device.synchronize()
         while self.graphs:
             self.graphs.popitem()[1].close()
         self._seen.clear()
