@@ -58,8 +58,9 @@ class ReplayedPasses:
         shape = pass_shape(batch, rows)
         graph = self.graphs.pop(shape, None)
         if graph is None:
-            seen = self._seen.pop(shape, 0) is None
-            self._seen[shape] = None
+            seen = shape in self._seen
+            self._seen.pop(shape, None)
+            self._seen[shape] = None  # the last seen last
             while len(self._seen) > SEEN_SHAPES:
                 del self._seen[next(iter(self._seen))]
             if not seen or len(rows) > self.max_rows:
