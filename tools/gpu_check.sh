@@ -23,12 +23,11 @@
 #   NCU_DETAIL="8b:16:q4_k_m:gemm_q4_K[:skip]"  ncu --set full on one launch of that kernel (after skip), $OUT/ncu-detail.txt
 #   LAUNCH_PROBE=1  tools/probe_launch_shapes.py on each MAIN_SHAPES file of QUANTS (LAUNCH_PROBE_ARGS): weights a
 #               launch and the short-prompt GEMM's column splits against decode and prefill 16 and 64
-#   GRAPH_NODES=1  tools/probe_graph_nodes.py on each MAIN_SHAPES Q4_K_M file (GRAPH_NODES_ARGS): a replayed decode step with
-#               kernels switched off by name
-#   PROBES="tools/probe_prompt_graphs.py tools/probe_decode_ahead.py"  each of those tools on each MAIN_SHAPES Q4_K_M file
+#   PROBES="tools/probe_graph_nodes.py ..."  each of those tools on each MAIN_SHAPES Q4_K_M file: probe_graph_nodes (a
+#               replayed decode step with kernels switched off by name), probe_gemm_crossover (prompt passes through either
+#               GEMM), probe_prompt_graphs, probe_decode_ahead (GRAPH_NODES=1 and CROSSOVER=1 before run 12)
 #   VARIANTS=1  tools/probe_launch_shapes.py (the image's probe_args file, else VARIANT_ARGS) on each MAIN_SHAPES Q4_K_M
 #               file with each kernel image in .variants/ (sm_90 images built here from edited constants) in place of the carried one
-#   CROSSOVER=1 tools/probe_gemm_crossover.py on each MAIN_SHAPES Q4_K_M file: prompt passes through either GEMM
 #   PROBE=1     tools/probe_overlap.py on PROBE_SHAPES' files (the first MAIN_SHAPES; 16-token prompt, n=PROBE_N, 10, PROBE_VARIANTS, PROBE_ARGS):
 #               fresh processes beside the Python floor: the upload's overlap, the driver's queues, the way out
 #   SIDECAR=1   with COLD: the sidecar's cold start (sidecar/tools/cold_start.py, its wheels in .whl/)
@@ -118,7 +117,7 @@ fi
 model_file() { case $1 in dsv2-lite|qwen35-*) echo "/tmp/$1-$2.gguf" ;; *) echo "/tmp/qwen3-$1-$2.gguf" ;; esac; }
 MOE_SHAPES=${MOE_SHAPES:-30b-a3b dsv2-lite}
 q4_only() { case " $MOE_SHAPES " in *" $1 "*) return 0 ;; esac; return 1; }  # the MoE files: Q4_K_M alone
-if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ] || [ -n "${NCU:-}" ] || [ -n "${NCU_DETAIL:-}" ] || [ "${LAUNCH_PROBE:-0}" = 1 ] || [ "${CROSSOVER:-0}" = 1 ] || [ "${VARIANTS:-0}" = 1 ] || [ "${GRAPH_NODES:-0}" = 1 ] || [ -n "${PROBES:-}" ]; then
+if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ] || [ -n "${NCU:-}" ] || [ -n "${NCU_DETAIL:-}" ] || [ "${LAUNCH_PROBE:-0}" = 1 ] || [ "${VARIANTS:-0}" = 1 ] || [ -n "${PROBES:-}" ]; then
     tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
     QUANTS=${QUANTS:-q4_k_m}
     SHAPES=${MAIN_SHAPES:-0.6b 8b}; [ "${MOE:-0}" = 1 ] && SHAPES="$SHAPES $MOE_SHAPES"; [ "${HYBRID:-0}" = 1 ] && SHAPES="$SHAPES qwen35-0.8b"
@@ -170,12 +169,6 @@ if [ "${LAUNCH_PROBE:-0}" = 1 ]; then  # the matmuls' launch shapes
     done
 fi
 
-if [ "${GRAPH_NODES:-0}" = 1 ]; then  # what each kind of kernel costs in a replayed decode step
-    for shape in ${MAIN_SHAPES:-0.6b 8b}; do
-        python3 tools/probe_graph_nodes.py "$(model_file $shape q4_k_m)" ${GRAPH_NODES_ARGS:-} 2>&1 | tee -a "$LOG"
-    done
-fi
-
 for probe in ${PROBES:-}; do
     for shape in ${MAIN_SHAPES:-0.6b 8b}; do
         python3 "$probe" "$(model_file $shape q4_k_m)" 2>&1 | tee -a "$LOG"
@@ -193,12 +186,6 @@ if [ "${VARIANTS:-0}" = 1 ]; then  # kernel images built here with other constan
         done
     done
     rm -rf src/reflex_engine/cuda_image && cp -r /tmp/main_image src/reflex_engine/cuda_image
-fi
-
-if [ "${CROSSOVER:-0}" = 1 ]; then
-    for shape in ${MAIN_SHAPES:-0.6b 8b}; do
-        python3 tools/probe_gemm_crossover.py "$(model_file $shape q4_k_m)" 2>&1 | tee -a "$LOG"
-    done
 fi
 
 floor_and_venv() {  # the floor's cubin and a clean interpreter, as a user's venv: no site-packages .pth hooks

@@ -7,9 +7,11 @@ model, interleaved.
 Prints the median decode tok/s of each (graphs on in both: each shape captured before its runs)."""
 import argparse
 import statistics
+import sys
 
 import reflex_engine
 from reflex_engine.backends.cuda.sampler import CudaSampler
+from reflex_engine.errors import ReflexError
 from reflex_engine.sampling import SamplingParams
 
 
@@ -20,7 +22,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=7)
     args = ap.parse_args()
-    model = reflex_engine.load(args.model, device="cuda", n_ctx=args.context + args.tokens + 8)
+    if args.runs < 1 or args.context < 1 or args.tokens < 2:
+        sys.exit("probe_decode_ahead: --runs and --context take 1 or more, --tokens 2 or more")
+    try:
+        model = reflex_engine.load(args.model, device="cuda", n_ctx=args.context + args.tokens + 8)
+    except ReflexError as e:
+        sys.exit(f"probe_decode_ahead: {e}")
     ids, greedy, ahead = list(range(1000, 1000 + args.context)), SamplingParams(temperature=0), CudaSampler.ahead
     modes = {"queued ahead": ahead, "host reads each token first": lambda self, logits: None}
     rates = {m: [] for m in modes}

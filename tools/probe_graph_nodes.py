@@ -17,6 +17,7 @@ from collections import Counter
 from ctypes import byref, c_float, c_size_t, c_void_p
 
 import reflex_engine
+from reflex_engine.errors import ReflexError
 from reflex_engine.sampling import SamplingParams
 
 NODE_KERNEL = 0  # CU_GRAPH_NODE_TYPE_KERNEL
@@ -43,7 +44,12 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--replays", type=int, default=200)
     args = ap.parse_args()
-    model = reflex_engine.load(args.model, device="cuda", n_ctx=512)
+    if args.replays < 5:
+        sys.exit("probe_graph_nodes: --replays takes 5 or more")
+    try:
+        model = reflex_engine.load(args.model, device="cuda", n_ctx=512)
+    except ReflexError as e:
+        sys.exit(f"probe_graph_nodes: {e}")
     dev = model.ops.device
     drv, lib, stream = dev.drv, dev.drv._lib, dev.stream
     kept = []

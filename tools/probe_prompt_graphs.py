@@ -8,10 +8,12 @@ before its runs)."""
 import argparse
 import os
 import statistics
+import sys
 
 os.environ["REFLEX_CUDA_GRAPHS"] = "0"  # the plain forward; graphs are wrapped around it below
 import reflex_engine  # noqa: E402
 from reflex_engine.backends.cuda import graph  # noqa: E402
+from reflex_engine.errors import ReflexError  # noqa: E402
 from reflex_engine.sampling import SamplingParams  # noqa: E402
 
 
@@ -21,7 +23,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[16, 128, 512])
     ap.add_argument("--runs", type=int, default=7)
     args = ap.parse_args()
-    model = reflex_engine.load(args.model, device="cuda", n_ctx=1024)
+    if args.runs < 1 or min(args.tokens) < 1 or max(args.tokens) > 1000:
+        sys.exit("probe_prompt_graphs: --runs and --tokens take 1 or more (--tokens at most 1,000)")
+    try:
+        model = reflex_engine.load(args.model, device="cuda", n_ctx=1024)
+    except ReflexError as e:
+        sys.exit(f"probe_prompt_graphs: {e}")
     plain = model._forward
     model.ops.graphs = True
     greedy = SamplingParams(temperature=0)
