@@ -193,7 +193,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._upload_ms: float | None = None
         self._arriving: dict[int, tuple[int, memoryview]] = {}  # weight address -> (its copy, its bytes) until first read
         self._captured_ints: dict[str, list[int]] | None = None  # while graph.py captures a pass
-        self._readback = None  # pinned slots for the sampler's choices read back later (cuda/sampler.py), made at its first
+        self._readback = None  # pinned slots the sampler reads its device-made choices back through (cuda/sampler.py), made at its first `ahead`
         self.graphs = os.environ.get("REFLEX_CUDA_GRAPHS") != "0"  # replay repeated passes as CUDA graphs
 
     @property
