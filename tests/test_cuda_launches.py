@@ -71,7 +71,8 @@ def test_the_graphs_used_last_are_kept_and_a_decode_steps_outlive_prompts(graphe
         assert [prompt_pass(model, events, list(range(1, n + 1))) for _ in range(2)] == ["eager", "captured"]
     assert events.count("destroy") == 1  # the fifth shape's capture destroyed the first's graph
     assert [shape[0] for shape in model._forward.graphs] == lengths[1:]
-    assert prompt_pass(model, events, list(range(1, 17))) == "captured"
+    # 16 again: every graph kept was used since it last came (five shapes in turn, four kept)
+    assert [prompt_pass(model, events, list(range(1, 17))) for _ in range(2)] == ["eager", "captured"]
     for _ in range(2):  # the one-token passes' graphs: the host's token, then the device's own
         for _ in model.generate([1, 2, 3], max_tokens=6, sampling=SamplingParams(temperature=0), ignore_eos=True):
             pass
@@ -79,6 +80,22 @@ def test_the_graphs_used_last_are_kept_and_a_decode_steps_outlive_prompts(graphe
         for _ in range(2):
             prompt_pass(model, events, list(range(1, n + 1)))
     assert [shape[0] for shape in model._forward.graphs] == [1, 1, 9, 3]
+
+
+def test_prompts_cycling_through_more_shapes_than_fit_keep_the_graphs_they_have(graphed):
+    """Two graphs free beside the decode steps' and four prompt lengths in turn (as a long prompt's
+    passes come): two are captured and replayed after, the others stay eager, rather than each
+    capture destroying the graph needed next."""
+    model, events = graphed
+    for _ in model.generate([1, 2], max_tokens=6, sampling=SamplingParams(temperature=0.8, seed=1), ignore_eos=True):
+        pass
+    for _ in model.generate([1, 2, 3, 4], max_tokens=6, sampling=SamplingParams(temperature=0), ignore_eos=True):
+        pass
+    assert [shape[0] for shape in model._forward.graphs] == [1, 1]
+    lengths = [3, 5, 7, 9]
+    cycles = [[prompt_pass(model, events, list(range(1, n + 1))) for n in lengths] for _ in range(4)]
+    assert cycles == [["eager"] * 4, ["captured", "captured", "eager", "eager"]] + [["replayed", "replayed", "eager", "eager"]] * 2
+    assert [shape[0] for shape in model._forward.graphs] == [1, 1, 3, 5]
 
 
 def wait_for_choices(model, events) -> None:

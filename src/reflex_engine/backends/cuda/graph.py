@@ -11,7 +11,11 @@ which the graph's first node fills from a pinned host buffer. Before each launch
 writes the next batch's ints there; the pass after it reads them on the device.
 
 A capture costs an eager pass plus the graph's instantiation, so a shape is captured when it
-comes the second time, never the first: a one-shot process's prompt stays eager.
+comes the second time, never the first: a one-shot process's prompt stays eager. Nor is it
+captured where that would destroy a graph used since the shape last came: the passes in between
+then cycle through more shapes than are kept (a long prompt's several passes, prompts of a few
+lengths in turn), and each capture would only destroy the next graph needed (run 13: a 2,048-token
+prompt's four passes, two graphs free beside the decode steps', captured on every repeat, 2x slower).
 """
 from __future__ import annotations
 
@@ -45,29 +49,28 @@ def pass_shape(batch: Batch, rows: Sequence[int]) -> tuple:
 class ReplayedPasses:
     """forward(batch, rows) -> logits, with each shape seen before captured once and replayed
     after; `kept` graphs are kept, a capture beyond them destroying the prompt's graph used
-    longest ago (a one-token pass's only where there is none). Passes asking for more logits rows
-    than max_rows stay eager: a graph's logits live in the graph pool, whose buffers hold max_rows rows."""
+    longest ago (a one-token pass's only where there is none), unless that graph was used since
+    the shape last came (see the module's docstring). Passes asking for more logits rows than
+    max_rows stay eager: a graph's logits live in the graph pool, whose buffers hold max_rows rows."""
 
     def __init__(self, ops, forward: Callable[[Batch, Sequence[int]], object], step_ints: tuple[str, ...],
                  max_rows: int, kept: int):
         self.ops, self.forward, self.step_ints, self.max_rows, self.kept = ops, forward, step_ints, max_rows, kept
         self.graphs: dict[tuple, CapturedPass] = {}  # in the order of their last use
-        self._seen: dict[tuple, None] = {}  # likewise
+        self._seen: dict[tuple, int] = {}  # likewise, each shape's last pass (its number)
+        self._passes = 0
 
     def __call__(self, batch: Batch, rows: Sequence[int]):
         shape = pass_shape(batch, rows)
+        self._passes += 1
+        last = self._seen.pop(shape, None)
+        self._seen[shape] = self._passes  # the last seen last
+        while len(self._seen) > SEEN_SHAPES:
+            del self._seen[next(iter(self._seen))]
         graph = self.graphs.pop(shape, None)
         if graph is None:
-            seen = shape in self._seen
-            self._seen.pop(shape, None)
-            self._seen[shape] = None  # the last seen last
-            while len(self._seen) > SEEN_SHAPES:
-                del self._seen[next(iter(self._seen))]
-            if not seen or len(rows) > self.max_rows:
+            if last is None or len(rows) > self.max_rows or not self._room_since(last):
                 return self.forward(batch, rows)
-            while len(self.graphs) >= self.kept:  # a prompt's graph goes first: every request decodes
-                oldest = next(iter(self.graphs))
-                self.graphs.pop(next((s for s in self.graphs if s[0] > 1), oldest)).close()
             graph = CapturedPass(self.ops, lambda b: self.forward(b, rows), self.step_ints)
         try:
             out = graph(batch)
@@ -76,6 +79,15 @@ class ReplayedPasses:
             raise
         self.graphs[shape] = graph
         return out
+
+    def _room_since(self, last: int) -> bool:
+        """Make room for one more graph, destroying none used after pass `last`: whether it could."""
+        while len(self.graphs) >= self.kept:  # a prompt's graph goes first: every request decodes
+            victim = next((s for s in self.graphs if s[0] > 1), next(iter(self.graphs)))
+            if self._seen.get(victim, 0) > last:
+                return False
+            self.graphs.pop(victim).close()
+        return True
 
     def close(self) -> None:
         """Destroy every captured pass (Model.close; tools that change the launches), once the
