@@ -73,7 +73,7 @@ def test_a_closed_model_gives_back_its_memory_pinned_pages_and_context(fake):  #
     lib, model = loaded_and_used(fake)
     assert lib._host  # the captured decode step's pinned buffer
     model.close()
-    assert lib.live == {} and lib.registered == set() and lib._host == {} and lib.contexts == 0
+    assert lib.live == {} and lib.registered == {} and lib._host == {} and lib.contexts == 0
     with pytest.raises(ReflexError, match="closed"):
         model.generate([1, 2], max_tokens=1)
     model.close()  # a second close does nothing (a double free would fail in the fake)
@@ -102,7 +102,7 @@ def test_a_dropped_model_gives_its_memory_back_too(fake):  # noqa: F811
     lib, model = loaded_and_used(fake)
     del model
     gc.collect()
-    assert lib.live == {} and lib.registered == set() and lib.contexts == 0
+    assert lib.live == {} and lib.registered == {} and lib.contexts == 0
 
 
 def test_a_model_as_a_context_manager_closes_at_the_end(fake):  # noqa: F811

@@ -17,8 +17,9 @@ import re
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNELS = os.path.join(ROOT, "src", "reflex_engine", "kernels")
 NAMES = {1: b"CUDA_ERROR_INVALID_VALUE", 2: b"CUDA_ERROR_OUT_OF_MEMORY", 100: b"CUDA_ERROR_NO_DEVICE",
-         801: b"CUDA_ERROR_NOT_SUPPORTED"}
+         712: b"CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", 801: b"CUDA_ERROR_NOT_SUPPORTED"}
 CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
 
 # a kernel parameter's C type -> its letter (the struct module's), for types passed by value
 _SCALARS = {"int": "i", "int32_t": "i", "unsigned": "I", "unsigned int": "I", "uint32_t": "I", "int64_t": "q",
@@ -106,7 +107,8 @@ class FakeLibcuda:
         self.param_info, self.param_info_error = param_info, param_info_error
         self._host: dict[int, object] = {}  # pinned host allocations, kept alive, by address
         self.live: dict[int, int] = {}  # device allocations not freed: address -> bytes
-        self.registered: set[int] = set()  # starts of host ranges registered (pinned) and not unregistered
+        self.registered: dict[int, int] = {}  # start -> bytes of each host range registered (pinned) and not unregistered
+        self.pinned_twice = 0  # registrations refused because a page of theirs was pinned already
         self.contexts = 0  # holds on the primary context: retains less releases
 
     def __getattr__(self, name):
@@ -168,11 +170,14 @@ class FakeLibcuda:
         return 0 if self._host.pop(address, None) is not None else CUDA_ERROR_INVALID_VALUE
 
     def cuMemHostRegister_v2(self, start, nbytes, flags):
-        self.registered.add(start)
+        if any(start < s + n and s < start + nbytes for s, n in self.registered.items()):
+            self.pinned_twice += 1
+            return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+        self.registered[start] = nbytes
         return 0
 
     def cuMemHostUnregister(self, start):
-        return 0 if start in self.registered and not self.registered.discard(start) else CUDA_ERROR_INVALID_VALUE
+        return 0 if self.registered.pop(start, None) is not None else CUDA_ERROR_INVALID_VALUE
 
     def cuDevicePrimaryCtxRetain(self, ctx, device):
         self.contexts += 1

@@ -10,7 +10,7 @@
 #               structured-extraction rows on 0.6B (--json-schema, llama.cpp with its JSON-schema grammar)
 #   WITH_LLAMA=0  BENCH and COLD without llama.cpp, so without its build; COLD_LLAMA=0 COLD alone without it
 #   MAIN_SHAPES   the Qwen3 shapes BENCH and COLD take (default "0.6b 8b"; COLD's structured rows need 0.6b);
-#   COLD_PROMPTS  their prompt lengths in COLD (default 16,1024)
+#   COLD_PROMPTS  their prompt lengths in COLD (default 16,1024); COLD_STRUCTURED=0 leaves out the structured rows
 #   MOE=1       BENCH and COLD also on MoE-shaped files, MOE_SHAPES (default: 30b-a3b dsv2-lite, that is
 #               Qwen3-30B-A3B and DeepSeek-V2-Lite, Q4_K_M only; COLD: 16-token prompt, one table of their own,
 #               unless MOE_COLD=0)
@@ -226,7 +226,8 @@ if [ "${COLD:-0}" = 1 ]; then
     echo "harness starts at $(elapsed) s"
     llama_bin=; [ "${WITH_LLAMA:-1}" = 1 ] && [ "${COLD_LLAMA:-1}" = 1 ] && llama_bin="--llama-bin $LLAMA"
     main_models=; for shape in ${MAIN_SHAPES:-0.6b 8b}; do main_models="$main_models --model $shape=$(model_file $shape q4_k_m)"; done
-    python3 bench/cold_start.py $main_models --prompt-tokens "${COLD_PROMPTS:-16,1024}" --structured 0.6b \
+    structured=; [ "${COLD_STRUCTURED:-1}" = 1 ] && structured="--structured 0.6b"
+    python3 bench/cold_start.py $main_models --prompt-tokens "${COLD_PROMPTS:-16,1024}" $structured \
         $llama_bin --floor-bin /tmp/floor --python /tmp/cold-venv/bin/python --n "${COLD_N:-10}" \
         --deadline-s $(( END - $(elapsed) - ${RESERVE_S:-0} )) --out "$OUT/cold" 2>&1 | tee /tmp/cold-main.log | tail -60
     grep -m 6 "^FAILED" /tmp/cold-main.log | cut -c 1-700 | tee -a "$LOG"

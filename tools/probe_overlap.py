@@ -7,7 +7,7 @@ each adds to the driver's teardown at the exit).
     python3 tools/probe_overlap.py MODEL [--n 10] [--prompt-tokens 16] [--floor-bin DIR [--teardown]] [--python PY]
         [--variants "as is,init marked"]
 
-Variants: the engine as it is; marked (the moments after the driver's init on the result line: the
+Variants: the engine as it is; with Python's cyclic collector off; marked (the moments after the driver's init on the result line: the
 backend handed over, the model loaded, the pass begun, ms since the import; the patch imports the
 engine first, so the init starts later); every copy landed before the pass starts; the driver's
 default work and copy queues (8 each) instead of Reflex's one and one; the driver's init with its
@@ -15,6 +15,7 @@ steps marked, beside the host path or alone before it. (Earlier variants and wha
 A throwaway measurement tool: the engine path is what it is, monkeypatched here per variant.
 """
 import argparse
+import json
 import os
 import re
 import statistics
@@ -92,6 +93,9 @@ def patched(self):
     return n
 ops.CudaOps.commit_weights = patched
 """, {}),
+    # Python's cyclic collector off for the whole process: does a collection land on the first token's path?
+    "gc off": ("import gc\ngc.disable()\n", {}),
+    "gc off, marked": ("import gc\ngc.disable()\n" + MARKS, {}),
     "8 work + 8 copy queues": ("", {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "8"}),
     "init marked": (INIT_MARKS, {}),
     "init marked, alone": (INIT_MARKS + INIT_ALONE, {}),
@@ -117,7 +121,7 @@ if PIN:
 sys.argv = ["floor.py", CUBIN]
 runpy.run_path(FLOOR, run_name="__main__")
 """
-PHASES = ("cuda_init_ms", "init_cuinit_ms", "init_context_ms", "init_import_ms", "backend_init_ms", "model_load_ms",
+PHASES = ("cuda_ready_ms", "cuda_init_ms", "init_cuinit_ms", "init_context_ms", "init_import_ms", "backend_init_ms", "model_load_ms",
           "upload_ms", "prompt_eval_ms", "first_token_ms", "ops_ready_ms", "load_end_ms", "pass_start_ms")
 
 
@@ -154,12 +158,18 @@ def main() -> None:
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--teardown", action="store_true", help="with --floor-bin: the floor holding device memory or the pinned model")
     ap.add_argument("--variants", default=DEFAULT, help=f"comma-separated, of: {'; '.join(VARIANTS)}")
+    ap.add_argument("--raw", help="also write every run (its row, times and phases) to this JSON-lines file")
     args = ap.parse_args()
     table, energy = rows(args), Energy()
     runs: dict[str, list[dict]] = {row.name: [] for row in table}
     for _ in range(args.n):  # rounds interleaved
         for row in table:
             runs[row.name].append(run_once(row, energy))
+    if args.raw:
+        with open(args.raw, "w") as fh:
+            for name, rs in runs.items():
+                for r in rs:
+                    fh.write(json.dumps({"row": name, **r}) + "\n")
     print(f"{args.prompt_tokens}-token prompt, n={args.n} interleaved; first and exit from the launch, phases from the import (p50 ms)")
     print("| process | n | first | exit | exit - first | " + " | ".join(PHASES) + " |")
     print("|---" * (5 + len(PHASES)) + "|")
