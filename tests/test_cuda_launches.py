@@ -5,6 +5,7 @@ needs no merge, the short-prompt GEMM splits only weights too small to fill the 
 the tensor-core kernels, and a pass whose shape comes twice in a row is captured as a CUDA graph and
 replayed after (test_cuda_graphs.py checks on a GPU that a replay computes what eager launches do). On the tiny Qwen3 fixture: 2 layers of 256, q 256 rows, k and v 128 each, gate,
 up and down 256, the tied head 384, all Q4_K."""
+import ctypes
 from collections import Counter
 
 import numpy as np
@@ -225,3 +226,90 @@ def test_rows_of_4096_columns_or_more_take_the_tensor_core_kernels(fake, monkeyp
         ("Q6_K", 1024, 1): ["matvec_x16_1_q6_K"], ("Q6_K", 1024, 16): ["gemm_q6_K"],
         ("Q6_K", 4096, 1): ["matvec_x16_1_q6_K"], ("Q6_K", 4096, 16): ["gemm_q6_K"],
     }
+
+
+class StreamInOrder:
+    """The driver as graph.py uses it, with a stream whose work runs in the order queued when the
+    host waits (cuEventSynchronize runs it up to the event, cuStreamSynchronize all of it); what is
+    queued during a capture goes into the graph instead. `read` queues a kernel that records the
+    first position the pass finds in the scratch ints."""
+
+    def __init__(self):
+        self.queue, self.capturing, self.graphs, self.seen, self._host, self.events_made = [], None, {}, [], [], 0
+
+    def __getattr__(self, name):
+        return lambda *args: None  # destroying and freeing
+
+    def cuMemHostAlloc(self, out, nbytes, flags):
+        self._host.append(ctypes.create_string_buffer(nbytes))
+        out._obj.value = ctypes.addressof(self._host[-1])
+
+    def cuEventCreate(self, out, flags):
+        self.events_made += 1
+        out._obj.value = self.events_made
+
+    def _queue(self, op):
+        (self.capturing if self.capturing is not None else self.queue).append(op)
+
+    def cuMemcpyHtoDAsync_v2(self, dst, src, nbytes, stream):
+        self._queue(lambda: ctypes.memmove(dst, src, nbytes))
+
+    def cuEventRecord(self, event, stream):
+        self._queue(("event", event.value))
+
+    def read(self, positions_at):
+        self._queue(lambda: self.seen.append(ctypes.c_int32.from_address(positions_at).value))
+
+    def cuStreamBeginCapture_v2(self, stream, mode):
+        self.capturing = []
+
+    def cuStreamEndCapture(self, stream, out):
+        out._obj.value = len(self.graphs) + 1
+        self.graphs[out._obj.value], self.capturing = self.capturing, None
+
+    def cuGraphInstantiateWithFlags(self, out, graph, flags):
+        out._obj.value = graph.value
+
+    def cuGraphLaunch(self, exec_, stream):
+        self.queue += self.graphs[exec_.value]
+
+    def _run(self, until=None):
+        while self.queue:
+            op = self.queue.pop(0)
+            if op == ("event", until):
+                return
+            if callable(op):
+                op()
+
+    def cuEventSynchronize(self, event):
+        self._run(event.value)
+
+    def cuStreamSynchronize(self, stream):
+        self._run()
+
+
+def test_a_replay_queued_before_the_one_before_it_ran_reads_its_own_positions():
+    """A greedy decode queues each pass before the last one has run (engine.py _step): every
+    replay must find its own ints on the device, not the ints staged after it."""
+    from types import SimpleNamespace
+
+    from reflex_engine.backends.cuda.graph import FROM_BATCH, CapturedPass
+    from reflex_engine.backends.cuda.ops import STEP_INTS
+    from reflex_engine.ops import SAMPLED, Batch
+
+    drv = StreamInOrder()
+    scratch = ctypes.create_string_buffer(16 * len(STEP_INTS))
+    ints = {kind: ctypes.addressof(scratch) + 16 * i for i, kind in enumerate(STEP_INTS)}
+    ops = SimpleNamespace(_ints=ints, max_batch=4, device=SimpleNamespace(drv=drv, stream=ctypes.c_void_p(1)),
+                          weights_arrived=lambda: None, _captured_ints=None, _positions=None)
+
+    def forward(batch):  # as CudaOps records the ints a captured pass reads, then its kernels
+        ops._captured_ints.update({kind: derive(batch) for kind, derive in FROM_BATCH.items()}, rows=[0])
+        drv.read(ints["positions"])
+        return "logits"
+
+    step = CapturedPass(ops, forward, STEP_INTS)
+    for n_past in range(10, 16):  # six steps queued, the host waiting on none
+        assert step(Batch.causal(SAMPLED, n_past)) == "logits"
+    drv.cuStreamSynchronize(ops.device.stream)
+    assert drv.seen == list(range(10, 16))

@@ -109,6 +109,7 @@ class FakeLibcuda:
         self.live: dict[int, int] = {}  # device allocations not freed: address -> bytes
         self.registered: dict[int, int] = {}  # start -> bytes of each host range registered (pinned) and not unregistered
         self.pinned_twice = 0  # registrations refused because a page of theirs was pinned already
+        self._events_made = 0
         self.contexts = 0  # holds on the primary context: retains less releases
 
     def __getattr__(self, name):
@@ -122,6 +123,11 @@ class FakeLibcuda:
 
     def cuInit(self, flags):
         return self.init_error
+
+    def cuEventCreate(self, out, flags):
+        self._events_made += 1
+        out._obj.value = self._events_made  # distinct, as a driver's handles are
+        return 0
 
     def cuGetErrorName(self, code, out):
         out._obj.value = NAMES.get(code, b"CUDA_ERROR_UNKNOWN")

@@ -7,8 +7,11 @@ slot (a client sending one template, a benchmark's repeats). A captured pass rep
 for any tokens and positions because nothing it reads is baked into the graph except addresses
 and its shape: its activations come from a pool only graphs use, and the per-pass ints (token
 ids, positions, segments, the first cache slot, the logits rows) sit in the scratch region,
-which the graph's first node fills from a pinned host buffer. Before each launch the host
-writes the next batch's ints there; the pass after it reads them on the device.
+which a copy queued before each launch fills from a pinned host buffer. Two such buffers in
+turn, each written again only once its last copy has run: a pass may be queued while the one
+before it still waits on the stream (a greedy decode's, engine.py _step), and a buffer the graph
+itself read would by then hold the later pass's ints (run 13: greedy decodes of the MoE fixtures
+on the H200 now and then gave a step's token for the one before it).
 
 A capture costs an eager pass plus the graph's instantiation, so a shape is captured when it
 comes the second time, never the first: a one-shot process's prompt stays eager. Nor is it
@@ -108,7 +111,9 @@ class CapturedPass:
         self._offsets = {kind: ops._ints[kind] - base for kind in step_ints}
         last = step_ints[-1]
         self._base, self._span = base, ops._ints[last] - base + 4 * ops.max_batch
-        self._pinned = c_void_p()  # allocated at the capture
+        self._pinned = c_void_p()  # two buffers of the staged ints, allocated at the capture
+        self._copied = [c_void_p(), c_void_p()]  # an event after each one's last copy
+        self._turn = 0
         self._exec = None
         self._out = None  # the logits tensor the graph writes: kept for the graph's lifetime
         self._constants: dict[str, list[int]] = {}
@@ -122,35 +127,47 @@ class CapturedPass:
         if self._pinned:
             drv.cuMemFreeHost(self._pinned)
             self._pinned = c_void_p()
+        for event in self._copied:
+            if event:
+                drv.cuEventDestroy_v2(event)
+        self._copied = [c_void_p(), c_void_p()]
         self._out = None
 
     def __call__(self, batch: Batch):
         if self._exec is None:
             self._capture(batch)
-        self._stage(batch)
-        self.ops.device.drv.cuGraphLaunch(self._exec, self.ops.device.stream)
+        drv, stream = self.ops.device.drv, self.ops.device.stream
+        staged, copied = self._pinned.value + self._turn * self._span, self._copied[self._turn]
+        self._turn ^= 1
+        drv.cuEventSynchronize(copied)  # its last copy has run (at once, but after a pass queued ahead)
+        self._stage(batch, staged)
+        drv.cuMemcpyHtoDAsync_v2(self._base, staged, self._span, stream)
+        drv.cuEventRecord(copied, stream)
+        drv.cuGraphLaunch(self._exec, stream)
         self.ops._positions = None  # the device's positions are now this batch's
         return self._out
 
-    def _stage(self, batch: Batch) -> None:
+    def _stage(self, batch: Batch, staged: int) -> None:
         values = {kind: derive(batch) for kind, derive in FROM_BATCH.items()} | self._constants
         for kind, vals in values.items():
             if vals:
                 host = (ctypes.c_int32 * len(vals))(*vals)
-                ctypes.memmove(self._pinned.value + self._offsets[kind], host, 4 * len(vals))
+                ctypes.memmove(staged + self._offsets[kind], host, 4 * len(vals))
 
     def _capture(self, batch: Batch) -> None:
         ops, dev = self.ops, self.ops.device
         drv, stream = dev.drv, dev.stream
         ops.weights_arrived()  # a capture may neither wait on the upload's events nor copy from pageable memory
-        drv.cuMemHostAlloc(byref(self._pinned), self._span, 0)
+        drv.cuMemHostAlloc(byref(self._pinned), 2 * self._span, 0)
+        for event in self._copied:
+            drv.cuEventCreate(byref(event), cu.EVENT_DISABLE_TIMING)
+            drv.cuEventRecord(event, stream)  # as if a copy had run: the first waits return at once
         recorded: dict[str, list[int]] = {}
         ops._captured_ints, ops._positions = recorded, None
         graph = c_void_p()
         drv.cuStreamBeginCapture_v2(stream, cu.STREAM_CAPTURE_MODE_THREAD_LOCAL)
         dev.overlap_launches = len(batch.tokens) <= OVERLAP_MAX_TOKENS
         try:
-            drv.cuMemcpyHtoDAsync_v2(self._base, self._pinned, self._span, stream)  # the staged ints
             out = self.forward(batch)
         finally:
             # and what the scratch held for the capture's tensors, whose buffers then go back to the pool
