@@ -10,8 +10,8 @@ ids, positions, segments, the first cache slot, the logits rows) sit in the scra
 which a copy queued before each launch fills from a pinned host buffer. Two such buffers in
 turn, each written again only once its last copy has run: a pass may be queued while the one
 before it still waits on the stream (a greedy decode's, engine.py _step), and a buffer the graph
-itself read would by then hold the later pass's ints (run 13: greedy decodes of the MoE fixtures
-on the H200 now and then gave a step's token for the one before it).
+itself read would by then hold the later pass's ints (run 13: a greedy decode of an MoE fixture
+on the H200 now and then ran a step at the next one's position and cache slot).
 
 A capture costs an eager pass plus the graph's instantiation, so a shape is captured when it
 comes the second time, never the first: a one-shot process's prompt stays eager. Nor is it
