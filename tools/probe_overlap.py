@@ -7,7 +7,8 @@ each adds to the driver's teardown at the exit).
     python3 tools/probe_overlap.py MODEL [--n 10] [--prompt-tokens 16] [--floor-bin DIR [--teardown]] [--python PY]
         [--variants "as is,init marked"]
 
-Variants: the engine as it is; with Python's cyclic collector off; marked (the moments after the driver's init on the result line: the
+Variants: the engine as it is; with Python's cyclic collector off; the model given back in the process before
+its exit, each step timed; marked (the moments after the driver's init on the result line: the
 backend handed over, the model loaded, the pass begun, ms since the import; the patch imports the
 engine first, so the init starts later); every copy landed before the pass starts; the driver's
 default work and copy queues (8 each) instead of Reflex's one and one; the driver's init with its
@@ -80,6 +81,35 @@ def joined(self, *args, **kwargs):
         self._thread.join()
 backends.BackendStart.__init__ = joined
 """
+# the model given back inside the process before os._exit, each step timed onto stderr (a REFLEX_TEARDOWN line the
+# probe adds to the run's phases): the pages unpinned, the device memory freed, the module, stream and context let go;
+# what the exit then costs outside is the kernel's share
+TEARDOWN_TIMED = """
+import sys, time
+from reflex_engine import engine, launch
+HELD = []
+load = engine.ModelFile.load
+def holding(self, *args, **kwargs):
+    HELD.append(load(self, *args, **kwargs))
+    return HELD[-1]
+engine.ModelFile.load = holding
+exit_now = launch.exit_now
+def timed_exit(code):
+    ops, marks = HELD[0].ops, [("start", time.perf_counter())]
+    ops.weights_arrived()
+    ops._upload.close()
+    marks.append(("teardown_unpin_ms", time.perf_counter()))
+    ops.device.synchronize()
+    for region in ops._allocations:
+        ops.device.free(region.base)
+    ops._allocations = []
+    marks.append(("teardown_free_ms", time.perf_counter()))
+    ops.device.close()
+    marks.append(("teardown_context_ms", time.perf_counter()))
+    sys.stderr.write("REFLEX_TEARDOWN " + " ".join(f"{k}={(t - marks[i][1]) * 1e3:.2f}" for i, (k, t) in enumerate(marks[1:])) + "\\n")
+    exit_now(code)
+launch.exit_now = timed_exit
+"""
 VARIANTS = {
     "as is": ("", {}),
     "as is, marked": (MARKS, {}),
@@ -96,6 +126,7 @@ ops.CudaOps.commit_weights = patched
     # Python's cyclic collector off for the whole process: does a collection land on the first token's path?
     "gc off": ("import gc\ngc.disable()\n", {}),
     "gc off, marked": ("import gc\ngc.disable()\n" + MARKS, {}),
+    "teardown timed": (TEARDOWN_TIMED, {}),
     "8 work + 8 copy queues": ("", {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "8"}),
     "init marked": (INIT_MARKS, {}),
     "init marked, alone": (INIT_MARKS + INIT_ALONE, {}),
@@ -121,7 +152,7 @@ if PIN:
 sys.argv = ["floor.py", CUBIN]
 runpy.run_path(FLOOR, run_name="__main__")
 """
-PHASES = ("cuda_ready_ms", "cuda_init_ms", "init_cuinit_ms", "init_context_ms", "init_import_ms", "backend_init_ms", "model_load_ms",
+PHASES = ("teardown_unpin_ms", "teardown_free_ms", "teardown_context_ms", "cuda_ready_ms", "cuda_init_ms", "init_cuinit_ms", "init_context_ms", "init_import_ms", "backend_init_ms", "model_load_ms",
           "upload_ms", "prompt_eval_ms", "first_token_ms", "ops_ready_ms", "load_end_ms", "pass_start_ms")
 
 
@@ -164,7 +195,11 @@ def main() -> None:
     runs: dict[str, list[dict]] = {row.name: [] for row in table}
     for _ in range(args.n):  # rounds interleaved
         for row in table:
-            runs[row.name].append(run_once(row, energy))
+            run = run_once(row, energy)
+            for line in run["stderr_tail"].splitlines():  # "teardown timed"
+                if line.startswith("REFLEX_TEARDOWN "):
+                    run["phases"].update((k, float(v)) for k, v in (f.split("=") for f in line.split()[1:]))
+            runs[row.name].append(run)
     if args.raw:
         with open(args.raw, "w") as fh:
             for name, rs in runs.items():
