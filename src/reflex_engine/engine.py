@@ -79,6 +79,10 @@ class ModelFile:
         opened (its driver init then ran beside the host work)."""
         if n_ctx is not None and n_ctx < 1:
             raise ReflexError(f"the context size must be at least 1 token, not {n_ctx}")
+        c, arch = self.config, self.arch
+        # host work, before the wait for the driver's init (whose thread the CLI started at launch), and a
+        # file that lacks a tensor is refused before a backend is started here
+        plan = plan_weights(self.gguf, c, arch.TENSORS, arch.LAYER_TENSORS)
         start = started(device)
         with self.timings.phase("backend_init"):  # what the init thread did not hide
             cpu_only = None if "cuda" in self.arch.BACKENDS else f"{self.config.arch} runs on the CPU backend for now: use --device cpu"
@@ -88,9 +92,7 @@ class ModelFile:
                                        cuda_ready_ms=start.ready_ms)
             self.timings.phases["cuda_init_hidden_ms"] = max(0.0, start.cuda_init_ms - self.timings.phases["backend_init_ms"])
         n_ctx = n_ctx or self.config.n_ctx_train
-        c, arch = self.config, self.arch
         with self.timings.phase("model_load"):
-            plan = plan_weights(self.gguf, c, arch.TENSORS, arch.LAYER_TENSORS)
             shape = c.cache_shape(n_ctx)
             tensors = [(t.ggml_type, t.shape) for t in plan.values() if t is not None] + lora.device_tensors(self.adapters)
             with self.timings.phase("reserve"):  # model_load's share spent taking the device's memory
