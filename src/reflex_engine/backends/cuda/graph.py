@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 from ...errors import ReflexError
 from ...ops import SAMPLED, Batch
 from . import driver as cu
+from .memory import PinnedTurns
 
 # how each staged kind follows from the batch; the others ("rows") must be the same every replay
 FROM_BATCH = {"tokens": lambda b: list(b.tokens), "positions": lambda b: list(b.positions),
@@ -111,34 +112,26 @@ class CapturedPass:
         self._offsets = {kind: ops._ints[kind] - base for kind in step_ints}
         last = step_ints[-1]
         self._base, self._span = base, ops._ints[last] - base + 4 * ops.max_batch
-        self._pinned = c_void_p()  # two buffers of the staged ints, allocated at the capture
-        self._copied = [c_void_p(), c_void_p()]  # an event after each one's last copy
-        self._turn = 0
+        self._staging: PinnedTurns | None = None  # the staged ints' buffers, made at the capture
         self._exec = None
         self._out = None  # the logits tensor the graph writes: kept for the graph's lifetime
         self._constants: dict[str, list[int]] = {}
 
     def close(self) -> None:
-        """Destroy the graph, free its pinned buffer and give its logits buffer back to the pool."""
-        drv = self.ops.device.drv
+        """Destroy the graph, free its staging buffers and give its logits buffer back to the pool."""
         if self._exec is not None:
-            drv.cuGraphExecDestroy(self._exec)
+            self.ops.device.drv.cuGraphExecDestroy(self._exec)
             self._exec = None
-        if self._pinned:
-            drv.cuMemFreeHost(self._pinned)
-            self._pinned = c_void_p()
-        for event in self._copied:
-            if event:
-                drv.cuEventDestroy_v2(event)
-        self._copied = [c_void_p(), c_void_p()]
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
         self._out = None
 
     def __call__(self, batch: Batch):
         if self._exec is None:
             self._capture(batch)
         drv, stream = self.ops.device.drv, self.ops.device.stream
-        staged, copied = self._pinned.value + self._turn * self._span, self._copied[self._turn]
-        self._turn ^= 1
+        staged, copied = self._staging.take()
         drv.cuEventSynchronize(copied)  # its last copy has run (at once, but after a pass queued ahead)
         self._stage(batch, staged)
         drv.cuMemcpyHtoDAsync_v2(self._base, staged, self._span, stream)
@@ -158,10 +151,7 @@ class CapturedPass:
         ops, dev = self.ops, self.ops.device
         drv, stream = dev.drv, dev.stream
         ops.weights_arrived()  # a capture may neither wait on the upload's events nor copy from pageable memory
-        drv.cuMemHostAlloc(byref(self._pinned), 2 * self._span, 0)
-        for event in self._copied:
-            drv.cuEventCreate(byref(event), cu.EVENT_DISABLE_TIMING)
-            drv.cuEventRecord(event, stream)  # as if a copy had run: the first waits return at once
+        self._staging = PinnedTurns(dev, self._span)
         recorded: dict[str, list[int]] = {}
         ops._captured_ints, ops._positions = recorded, None
         graph = c_void_p()

@@ -4,12 +4,16 @@ An activation buffer holds `rows` x width float32, whatever the batch's length, 
 its width's free list when the Python object dies. The same op sequence therefore gets the same
 buffers every step, which keeps a decode step capturable as a CUDA graph, and a forward pass
 never calls the allocator.
+
+Beside them, small pinned host buffers that copies queued on the stream go through (PinnedTurns).
 """
 from __future__ import annotations
 
+from ctypes import byref, c_void_p
 from typing import NamedTuple
 
 from ...errors import ReflexError
+from . import driver as cu
 
 ALIGN = 256
 
@@ -20,6 +24,32 @@ def aligned(n: int) -> int:
 
 def gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB"
+
+
+class PinnedTurns:
+    """Two pinned host buffers of nbytes, taken in turn by copies queued on the device's stream
+    (one may still be queued when the next is), each with an event to record behind its copy:
+    the host waits on it before reading the buffer (a copy back) or writing it again (a copy up).
+    The events start recorded, as if a copy had run."""
+
+    def __init__(self, device, nbytes: int):
+        self.drv, self.nbytes, self.turn = device.drv, nbytes, 0
+        self.buffers, self.events = c_void_p(), [c_void_p(), c_void_p()]
+        self.drv.cuMemHostAlloc(byref(self.buffers), 2 * nbytes, 0)
+        for event in self.events:
+            self.drv.cuEventCreate(byref(event), cu.EVENT_DISABLE_TIMING)
+            self.drv.cuEventRecord(event, device.stream)
+
+    def take(self) -> tuple[int, c_void_p]:
+        """The next buffer's address and its event."""
+        at, event = self.buffers.value + self.turn * self.nbytes, self.events[self.turn]
+        self.turn ^= 1
+        return at, event
+
+    def close(self) -> None:
+        for event in self.events:
+            self.drv.cuEventDestroy_v2(event)
+        self.drv.cuMemFreeHost(self.buffers)
 
 
 class Region:

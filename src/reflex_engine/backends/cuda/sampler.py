@@ -12,13 +12,12 @@ from __future__ import annotations
 import ctypes
 import math
 import random
-from ctypes import byref, c_void_p
 from typing import Callable
 
 from ...errors import ReflexError
 from ...kvstate import restorable, sampler_state
 from ...sampling import SamplingParams, candidate_distribution
-from .memory import Tensor
+from .memory import PinnedTurns, Tensor
 from .ops import TOP_K_MAX, CudaOps
 
 
@@ -131,33 +130,22 @@ class CudaSampler:
         return True
 
 
-class Readback:
-    """Token ids copied back from the device while the stream goes on: two pinned slots in turn
-    (one may still be unread when the next copy is queued), each with an event after its copy."""
+class Readback(PinnedTurns):
+    """Token ids copied back from the device while the stream goes on, through two pinned slots in
+    turn (one may still be unread when the next copy is queued)."""
 
     def __init__(self, device):
-        self.device, drv = device, device.drv
-        self.slots, self.events, self.turn = c_void_p(), [c_void_p(), c_void_p()], 0
-        drv.cuMemHostAlloc(byref(self.slots), 8, 0)
-        for event in self.events:
-            drv.cuEventCreate(byref(event), 0)
+        super().__init__(device, 4)
+        self.stream = device.stream
 
     def copy(self, src: int) -> Callable[[], int]:
         """Queue a copy of the int32 at src; the function returned waits for it and returns it."""
-        drv, stream = self.device.drv, self.device.stream
-        slot, event = self.slots.value + 4 * self.turn, self.events[self.turn]
-        self.turn ^= 1
-        drv.cuMemcpyDtoHAsync_v2(slot, src, 4, stream)
-        drv.cuEventRecord(event, stream)
+        drv, (slot, event) = self.drv, self.take()
+        drv.cuMemcpyDtoHAsync_v2(slot, src, 4, self.stream)
+        drv.cuEventRecord(event, self.stream)
 
         def wait() -> int:
             drv.cuEventSynchronize(event)
             return ctypes.c_int32.from_address(slot).value
 
         return wait
-
-    def close(self) -> None:
-        drv = self.device.drv
-        for event in self.events:
-            drv.cuEventDestroy_v2(event)
-        drv.cuMemFreeHost(self.slots)
