@@ -2,9 +2,11 @@
 fake libcuda; everything above it is real): weights reading one x share a launch where they take
 one kernel (q, k and v; gate and up), q and k are rotated together, a short prompt's attention
 needs no merge, the short-prompt GEMM splits only weights too small to fill the GPU, wide rows take
-the tensor-core kernels, and a pass whose shape comes twice in a row is captured as a CUDA graph and
-replayed after (test_cuda_graphs.py checks on a GPU that a replay computes what eager launches do). On the tiny Qwen3 fixture: 2 layers of 256, q 256 rows, k and v 128 each, gate,
-up and down 256, the tied head 384, all Q4_K."""
+the tensor-core kernels, and a pass whose shape was seen before is captured as a CUDA graph and
+replayed after (test_cuda_graphs.py checks on a GPU that a replay computes what eager launches do),
+each replay reading its own ints even when queued before the one ahead of it ran. On the tiny Qwen3
+fixture: 2 layers of 256, q 256 rows, k and v 128 each, gate, up and down 256, the tied head 384,
+all Q4_K."""
 import ctypes
 from collections import Counter
 

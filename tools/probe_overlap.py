@@ -191,6 +191,10 @@ def main() -> None:
     ap.add_argument("--variants", default=DEFAULT, help=f"comma-separated, of: {'; '.join(VARIANTS)}")
     ap.add_argument("--raw", help="also write every run (its row, times and phases) to this JSON-lines file")
     args = ap.parse_args()
+    try:  # before the runs: a path that cannot be written is one line, not a traceback after minutes
+        raw = open(args.raw, "w") if args.raw else None
+    except OSError as e:
+        sys.exit(f"probe_overlap: cannot write {args.raw}: {e.strerror}")
     table, energy = rows(args), Energy()
     runs: dict[str, list[dict]] = {row.name: [] for row in table}
     for _ in range(args.n):  # rounds interleaved
@@ -200,11 +204,11 @@ def main() -> None:
                 if line.startswith("REFLEX_TEARDOWN "):
                     run["phases"].update((k, float(v)) for k, v in (f.split("=") for f in line.split()[1:]))
             runs[row.name].append(run)
-    if args.raw:
-        with open(args.raw, "w") as fh:
+    if raw is not None:
+        with raw:
             for name, rs in runs.items():
                 for r in rs:
-                    fh.write(json.dumps({"row": name, **r}) + "\n")
+                    raw.write(json.dumps({"row": name, **r}) + "\n")
     print(f"{args.prompt_tokens}-token prompt, n={args.n} interleaved; first and exit from the launch, phases from the import (p50 ms)")
     print("| process | n | first | exit | exit - first | " + " | ".join(PHASES) + " |")
     print("|---" * (5 + len(PHASES)) + "|")
