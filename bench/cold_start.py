@@ -250,7 +250,7 @@ def run_once(row: Row, energy: Energy) -> dict:
     return {"row": row.name, "model": row.model, "prompt": row.prompt, "rc": rc, "ok": ok, "first_ms": first_ms, "exit_ms": exit_ms,
             "j_first": None if e0 is None or e_first is None else e_first - e0, "j_exit": None if e0 is None else e_exit - e0,
             "phases": result_fields(text) if engine_of(row.name) == "reflex" else {},
-            "stdout_tail": text[-600:], "stderr_tail": "" if ok else stderr}
+            "stdout_tail": text[-600:], "stderr_tail": stderr}
 
 
 def result_fields(stdout: str) -> dict[str, float]:

@@ -77,7 +77,7 @@ else
 fi
 echo "build done at $(elapsed) s"
 
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader; python3 --version; nproc
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader; python3 --version; nproc; env | grep "^PYTHON"
   python3 -c 'import numpy; print("numpy", numpy.__version__)'; } 2>&1 | tee -a "$LOG"
 CUDA_DISABLE_PTX_JIT=1 reflex smoke 2>&1 | tee -a "$LOG"
 
@@ -192,6 +192,9 @@ floor_and_venv() {  # the floor's cubin and a clean interpreter, as a user's ven
     [ -x /tmp/floor/floor ] || { mkdir -p /tmp/floor && gcc -O2 -o /tmp/floor/floor bench/floor.c -ldl \
         && nvcc -cubin -arch=sm_90 -o /tmp/floor/floor.cubin bench/floor_kernel.cu; }
     [ -x /tmp/cold-venv/bin/python ] || python3 -m venv --without-pip /tmp/cold-venv
+    # Reflex's bytecode, as pip writes it at install: this checkout's modules are otherwise compiled from
+    # source in every process where the environment sets PYTHONDONTWRITEBYTECODE
+    /tmp/cold-venv/bin/python -m compileall -q src/reflex_engine sidecar/src > /dev/null
 }
 
 if [ "${PROBE:-0}" = 1 ]; then  # fresh processes of the clean venv's python3 beside the Python floor

@@ -2,12 +2,13 @@
 processes under variants, rounds interleaved, timed from outside as bench/cold_start.py times them
 (launch -> first stdout bytes, launch -> exit), beside the Python floor when --floor-bin is given
 (--teardown: and the floor holding 1 or 4 GB of device memory, or the model file pinned, for what
-each adds to the driver's teardown at the exit).
+each adds to the driver's teardown at the exit; --floor-init: the floor's driver init alone, its steps
+marked as the "init marked" variants mark Reflex's).
 
-    python3 tools/probe_overlap.py MODEL [--n 10] [--prompt-tokens 16] [--floor-bin DIR [--teardown]] [--python PY]
+    python3 tools/probe_overlap.py MODEL [--n 10] [--prompt-tokens 16] [--floor-bin DIR [--teardown] [--floor-init]] [--python PY]
         [--variants "as is,init marked"]
 
-Variants: the engine as it is; with Python's cyclic collector off; the model given back in the process before
+Variants: the engine as it is; compiled from source in each process (no bytecode); with Python's cyclic collector off; the model given back in the process before
 its exit, each step timed; marked (the moments after the driver's init on the result line: the
 backend handed over, the model loaded, the pass begun, ms since the import; the patch imports the
 engine first, so the init starts later); every copy landed before the pass starts; the driver's
@@ -86,29 +87,32 @@ backends.BackendStart.__init__ = joined
 # what the exit then costs outside is the kernel's share
 TEARDOWN_TIMED = """
 import sys, time
-from reflex_engine import engine, launch
-HELD = []
-load = engine.ModelFile.load
-def holding(self, *args, **kwargs):
-    HELD.append(load(self, *args, **kwargs))
-    return HELD[-1]
-engine.ModelFile.load = holding
-exit_now = launch.exit_now
-def timed_exit(code):
-    ops, marks = HELD[0].ops, [("start", time.perf_counter())]
-    ops.weights_arrived()
-    ops._upload.close()
-    marks.append(("teardown_unpin_ms", time.perf_counter()))
-    ops.device.synchronize()
-    for region in ops._allocations:
-        ops.device.free(region.base)
-    ops._allocations = []
-    marks.append(("teardown_free_ms", time.perf_counter()))
-    ops.device.close()
-    marks.append(("teardown_context_ms", time.perf_counter()))
-    sys.stderr.write("REFLEX_TEARDOWN " + " ".join(f"{k}={(t - marks[i][1]) * 1e3:.2f}" for i, (k, t) in enumerate(marks[1:])) + "\\n")
-    exit_now(code)
-launch.exit_now = timed_exit
+from reflex_engine import launch
+from reflex_engine.backends import BackendStart
+def timed_run():  # launch.run's order: the driver's init first, the engine's imports beside it
+    backend = BackendStart(launch.device_in(sys.argv[1:]))
+    from reflex_engine import cli, engine
+    held, load = [], engine.ModelFile.load
+    def holding(self, *args, **kwargs):
+        held.append(load(self, *args, **kwargs))
+        return held[-1]
+    engine.ModelFile.load = holding
+    def timed_exit(code):
+        ops, marks = held[0].ops, [("start", time.perf_counter())]
+        ops.weights_arrived()
+        ops._upload.close()
+        marks.append(("teardown_unpin_ms", time.perf_counter()))
+        ops.device.synchronize()
+        for region in ops._allocations:
+            ops.device.free(region.base)
+        ops._allocations = []
+        marks.append(("teardown_free_ms", time.perf_counter()))
+        ops.device.close()
+        marks.append(("teardown_context_ms", time.perf_counter()))
+        sys.stderr.write("REFLEX_TEARDOWN " + " ".join(f"{k}={(t - marks[i][1]) * 1e3:.2f}" for i, (k, t) in enumerate(marks[1:])) + "\\n")
+        launch.exit_now(code)
+    sys.exit(cli.main(backend=backend, exit_now=timed_exit))
+launch.run = timed_run
 """
 VARIANTS = {
     "as is": ("", {}),
@@ -127,11 +131,27 @@ ops.CudaOps.commit_weights = patched
     "gc off": ("import gc\ngc.disable()\n", {}),
     "gc off, marked": ("import gc\ngc.disable()\n" + MARKS, {}),
     "teardown timed": (TEARDOWN_TIMED, {}),
+    # every module compiled from source, as where PYTHONDONTWRITEBYTECODE keeps a checkout's bytecode from being written
+    "from source": ("", {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/tmp/reflex-no-pycache"}),
     "8 work + 8 copy queues": ("", {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "CUDA_DEVICE_MAX_COPY_CONNECTIONS": "8"}),
     "init marked": (INIT_MARKS, {}),
     "init marked, alone": (INIT_MARKS + INIT_ALONE, {}),
 }
 DEFAULT = "as is,init marked,init marked, alone"
+# the floor's driver init alone, its steps marked as INIT_MARKS marks Reflex's (ms since the library's load)
+FLOOR_INIT_MARKED = """
+import ctypes, time
+from ctypes import byref, c_int, c_void_p
+start = time.perf_counter()
+mark = lambda: round((time.perf_counter() - start) * 1e3, 2)
+cu = ctypes.CDLL("libcuda.so.1")
+dev, ctx = c_int(), c_void_p()
+assert cu.cuInit(0) == 0
+cuinit = mark()
+assert cu.cuDeviceGet(byref(dev), 0) == 0 and cu.cuDevicePrimaryCtxRetain(byref(ctx), dev) == 0
+context = mark()
+print(f"FLOOR_OK init_cuinit_ms={cuinit} init_context_ms={context}", flush=True)
+"""
 # the floor, holding more before its kernel: what each costs the driver's teardown at the exit (the pinned
 # file: the model, all of it, as Reflex's upload pins it)
 FLOOR_HOLDING = """
@@ -163,6 +183,9 @@ def rows(args) -> list[Row]:
         cubin, floor_py = os.path.join(args.floor_bin, "floor.cubin"), os.path.join(os.path.dirname(HERE), "bench", "floor.py")
         for env, suffix in (({}, ""), (DRIVER_SETTINGS, ", Reflex's driver settings")):
             out.append(Row(f"floor, python3 + ctypes{suffix}", "", "", [args.python, floor_py, cubin], "line:FLOOR_OK", env))
+        if args.floor_init:
+            out.append(Row("floor, python3 + ctypes, Reflex's driver settings, the init alone, marked", "", "",
+                           [args.python, "-c", FLOOR_INIT_MARKED], "line:FLOOR_OK", DRIVER_SETTINGS))
         if args.teardown:
             for label, device_bytes, pin in (("1 GB of device memory", 1 << 30, ""), ("4 GB of device memory", 4 << 30, ""),
                                              ("the model file pinned", 0, args.model)):
@@ -176,7 +199,7 @@ def rows(args) -> list[Row]:
         code = patch + "\nfrom reflex_engine.launch import run\nrun()\n"
         out.append(Row(f"Reflex {name}", "m", str(args.prompt_tokens),
                        [args.python, "-c", code, "generate", args.model, prompt, "--device", "cuda", "--temp", "0", "-n", "1",
-                        "--ignore-eos"], "bytes", {"PYTHONPATH": SRC}))
+                        "--ignore-eos"], "bytes", {"PYTHONPATH": SRC, **env}))
     return out
 
 
@@ -188,6 +211,7 @@ def main() -> None:
     ap.add_argument("--floor-bin", help="a folder with floor.cubin (bench/floor_kernel.cu): adds the Python floor's rows")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--teardown", action="store_true", help="with --floor-bin: the floor holding device memory or the pinned model")
+    ap.add_argument("--floor-init", action="store_true", help="with --floor-bin: the floor's driver init alone, its steps marked")
     ap.add_argument("--variants", default=DEFAULT, help=f"comma-separated, of: {'; '.join(VARIANTS)}")
     ap.add_argument("--raw", help="also write every run (its row, times and phases) to this JSON-lines file")
     args = ap.parse_args()
@@ -200,8 +224,8 @@ def main() -> None:
     for _ in range(args.n):  # rounds interleaved
         for row in table:
             run = run_once(row, energy)
-            for line in run["stderr_tail"].splitlines():  # "teardown timed"
-                if line.startswith("REFLEX_TEARDOWN "):
+            for line in run["stderr_tail"].splitlines() + run["stdout_tail"].splitlines():  # "teardown timed", the marked floor
+                if line.startswith(("REFLEX_TEARDOWN ", "FLOOR_OK init_")):
                     run["phases"].update((k, float(v)) for k, v in (f.split("=") for f in line.split()[1:]))
             runs[row.name].append(run)
     if raw is not None:
