@@ -10,7 +10,8 @@
 // serialization (backends/cuda/device.py): a kernel's blocks may start while the kernel before
 // it still runs, so they wait here for its end (its writes then visible), then let the next
 // kernel's blocks launch, whose start-up overlaps this kernel's run. Before anything is read or
-// written: the previous kernel may still be reading what this one overwrites.
+// written (the previous kernel may still be reading what this one overwrites), but for what no
+// kernel writes: the decode matvecs ask for their first weights first.
 __device__ __forceinline__ void follow_previous_kernel() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -193,7 +193,9 @@ __device__ __forceinline__ void prefetch_unit(const uint8_t* row, int u, int n_u
         prefetch_l2(row + (size_t)u * 32 * sizeof(B) / B::elems);
 }
 
-// Rows r0.. r0 + ROWS - 1 of y for n_tok tokens; every thread of the block calls it.
+// Rows r0.. r0 + ROWS - 1 of y for n_tok tokens; every thread of the block calls it, and it waits for the
+// kernel before (follow_previous_kernel) once the thread's first unit of weights, which no kernel writes,
+// is asked for: a block launched while that kernel runs has them in flight meanwhile.
 template <class B, int ROWS, int TOKENS>
 __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const uint8_t* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y, const float* __restrict__ add,
@@ -211,12 +213,16 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
     for (int k = 1; k < X16_AHEAD; ++k)
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) prefetch_unit<B>(rows[r], threadIdx.x + k * blockDim.x, n_units);
+    x16_unit w[ROWS];
+    if (threadIdx.x < n_units)
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) T::load(rows[r], threadIdx.x, w[r]);
+    follow_previous_kernel();
     for (int u = threadIdx.x; u < n_units; u += blockDim.x) {
-        x16_unit w[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             prefetch_unit<B>(rows[r], u + X16_AHEAD * blockDim.x, n_units);
-            T::load(rows[r], u, w[r]);
+            if (u != threadIdx.x) T::load(rows[r], u, w[r]);
         }
         int k0, k1;
         T::runs(u, k0, k1);
@@ -248,7 +254,6 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
         matvec_x16_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,       \
                           const float2* xds, float* y0, float* y1, float* y2, const float* add, int rows0,  \
                           int rows1, int rows2, int n_cols, int n_tok) {                                    \
-        follow_previous_kernel();                                                                           \
         int u = blockIdx.x;                                                                                 \
         const int i = fused_part(u, X16_ROWS, rows0, rows1), n_rows = pick(i, rows0, rows1, rows2);         \
         const size_t t0 = (size_t)blockIdx.y * X16_MAX_TOKENS;                                              \
@@ -261,7 +266,6 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
         matvec_x16_1_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,     \
                             const float2* xds, float* y0, float* y1, float* y2, const float* add, int rows0, \
                             int rows1, int rows2, int n_cols) {                                             \
-        follow_previous_kernel();                                                                           \
         int u = blockIdx.x;                                                                                 \
         const int i = fused_part(u, X16_DECODE_ROWS, rows0, rows1);                                         \
         matvec_x16<B, X16_DECODE_ROWS, 1>(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, \

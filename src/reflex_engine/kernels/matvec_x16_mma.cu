@@ -41,9 +41,12 @@ struct XmPart {
     float4 xd;
 };
 
-__device__ __forceinline__ void load_part(XmPart& p, const uint8_t* const (&rows)[4], const uint8_t* __restrict__ xq,
-                                          const float2* __restrict__ xds, int s, int g, int c, bool b_lane) {
+__device__ __forceinline__ void load_weights(XmPart& p, const uint8_t* const (&rows)[4], int s, int c) {
     load_q4_K_pieces<false>(rows, s, c, p.head, p.qs);
+}
+
+__device__ __forceinline__ void load_x(XmPart& p, const uint8_t* __restrict__ xq, const float2* __restrict__ xds, int s,
+                                       int g, int c, bool b_lane) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) p.high[i] = p.low[i] = 0u;
     if (b_lane) {
@@ -91,7 +94,9 @@ __device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mm
     }
 }
 
-// Rows row0.. row0 + 31 of y for one token; every thread of the block calls it.
+// Rows row0.. row0 + 31 of y for one token; every thread of the block calls it, and it waits for the
+// kernel before (follow_previous_kernel) once the warp's first superblock of weights, which no kernel
+// writes, is asked for: a block launched while that kernel runs has them in flight meanwhile.
 __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, const uint8_t* __restrict__ xq,
                                                 const float2* __restrict__ xds, float* __restrict__ y,
                                                 const float* __restrict__ add, int row0, int n_rows, int n_cols) {
@@ -106,9 +111,12 @@ __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, c
     const int own_mma = c / 2 == g / 2 % 2 ? 2 * (g / 4) + g % 2 : -1;
 
     float acc[4] = {};
+    XmPart part;
+    if (warp < n_super) load_weights(part, rows, warp, c);
+    follow_previous_kernel();
     for (int s = warp; s < n_super; s += n_warps) {
-        XmPart part;
-        load_part(part, rows, xq, xds, s, g, c, own_mma >= 0);
+        if (s != warp) load_weights(part, rows, s, c);
+        load_x(part, xq, xds, s, g, c, own_mma >= 0);
         multiply_part(part, c, own_mma, acc);
     }
 
@@ -134,7 +142,6 @@ __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, c
 extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, 2)
     matvec_x16_mma_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds,
                         float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols) {
-    follow_previous_kernel();
     int u = blockIdx.x;
     const int i = fused_part(u, XM_ROWS, rows0, rows1);
     matvec_mma_q4_K(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS,
