@@ -7,7 +7,7 @@ to exit, in milliseconds and joules. Run on the GPU machine:
 Every row runs as n fresh processes, rounds interleaved (one run of every row, then the next
 round). The parent timestamps the child's stdout: launch -> first token (the first bytes of the
 generated text, or the first result line) and launch -> exit. NVML's energy counter is read at
-launch, first token and exit (it moves in ~12.5 J steps on an H200: only averages mean much),
+launch, first token and exit (it moves in ~12.5 J steps on an H200: the tables give the runs' mean),
 beside an idle baseline measured before and after. Model files are read once before the rounds,
 so the page cache is warm, except in the rows marked "dropped cache", which evict the file
 (posix_fadvise DONTNEED) before each run. Every run is kept in raw.jsonl, failures included;
@@ -301,14 +301,14 @@ def summarise(runs: list[dict], meta: dict) -> tuple[str, dict]:
         for field in ("first_ms", "exit_ms", "j_first", "j_exit"):
             vals = [r[field] for r in ok if r[field] is not None]
             if vals:
-                s[field] = {"p50": statistics.median(vals), "p95": pct(vals, 0.95), "min": min(vals)}
+                s[field] = {"p50": statistics.median(vals), "p95": pct(vals, 0.95), "min": min(vals), "mean": statistics.mean(vals)}
         phases = {}
         for r in ok:
             for k, v in r["phases"].items():
                 phases.setdefault(k, []).append(v)
         s["phases"] = {k: statistics.median(v) for k, v in phases.items()}
         if meta.get("idle_w") is not None and "exit_ms" in s and "j_exit" in s:
-            s["j_exit_above_idle"] = s["j_exit"]["p50"] - meta["idle_w"] * s["exit_ms"]["p50"] / 1e3
+            s["j_exit_above_idle"] = s["j_exit"]["mean"] - meta["idle_w"] * statistics.mean(r["exit_ms"] for r in ok) / 1e3
         stats[key] = s
 
     def cell(s, field, digits=0):
@@ -317,12 +317,13 @@ def summarise(runs: list[dict], meta: dict) -> tuple[str, dict]:
 
     idle = f"idle GPU power {meta['idle_w']:.1f} W" if meta.get("idle_w") is not None else "energy not measured"
     lines = [f"# Cold start, {meta['date']}, {meta['gpu']}", "",
-             f"Driver {meta['driver']}, {meta['python']}; page cache warm except where a row says \"dropped cache\"; "
-             f"n fresh processes per row, rounds interleaved; {idle}.", "",
+             f"Driver {meta['driver']}, {meta['python']}; Reflex from compiled bytecode, as pip installs it; page cache warm "
+             f"except where a row says \"dropped cache\"; n fresh processes per row, rounds interleaved; {idle}; energy as the "
+             "mean of the runs (NVML's counter moves in ~12.5 J steps, which a median would pick one of).", "",
              "| model | prompt tokens | process | n | launch→first token p50 (p95, min) ms | launch→exit p50 (p95, min) ms "
-             "| J launch→first token p50 | J launch→exit p50 | J launch→exit above idle |", "|---|---|---|---|---|---|---|---|---|"]
+             "| J launch→first token | J launch→exit | J launch→exit above idle |", "|---|---|---|---|---|---|---|---|---|"]
     for (name, model, prompt), s in stats.items():
-        j = lambda f: "–" if f not in s else f"{s[f]['p50']:.1f}"
+        j = lambda f: "–" if f not in s else f"{s[f]['mean']:.1f}"
         above = f"{s['j_exit_above_idle']:.1f}" if "j_exit_above_idle" in s else "–"
         tokens = meta["prompt_tokens"].get(f"{model}/{prompt}", "") if model else ""
         failed = f" ({s['failed']} failed)" if s["failed"] else ""
@@ -347,16 +348,16 @@ def summarise(runs: list[dict], meta: dict) -> tuple[str, dict]:
 
 def ratios(stats: dict) -> list[str]:
     """Reflex against the floor at default settings and against llama.cpp's best row, same run."""
-    def p50(key, field):
-        return stats.get(key, {}).get(field, {}).get("p50")
+    def typical(key, field):  # times: the p50; energy: the mean (see summarise)
+        return stats.get(key, {}).get(field, {}).get("mean" if field.startswith("j_") else "p50")
 
-    floor = {f: p50(("floor, python3 + ctypes", "", ""), f) for f in ("first_ms", "exit_ms", "j_exit")}
+    floor = {f: typical(("floor, python3 + ctypes", "", ""), f) for f in ("first_ms", "exit_ms", "j_exit")}
     out = ["| model | prompt | Reflex generate -n 1 first token / exit | ÷ Python floor (first, exit, J) | "
            "llama.cpp best first token / exit | llama.cpp ÷ Reflex (first, exit) |", "|---|---|---|---|---|---|"]
     for (name, model, prompt) in (k for k in stats if k[0] == "Reflex generate -n 1"):
-        r = {f: p50((name, model, prompt), f) for f in ("first_ms", "exit_ms", "j_exit")}
+        r = {f: typical((name, model, prompt), f) for f in ("first_ms", "exit_ms", "j_exit")}
         peers = [k for k in stats if k[0].startswith("llama.cpp") and k[1:] == (model, prompt) and "dropped" not in k[0]]
-        best = {f: min((p50(k, f) for k in peers if p50(k, f) is not None), default=None) for f in ("first_ms", "exit_ms")}
+        best = {f: min((typical(k, f) for k in peers if typical(k, f) is not None), default=None) for f in ("first_ms", "exit_ms")}
         div = lambda a, b: f"{a / b:.2f}" if a is not None and b else "–"
         out.append(f"| {model} | {prompt} | {r['first_ms'] or 0:.0f} / {r['exit_ms'] or 0:.0f} ms | "
                    f"{div(r['first_ms'], floor['first_ms'])}, {div(r['exit_ms'], floor['exit_ms'])}, {div(r['j_exit'], floor['j_exit'])} | "
@@ -459,6 +460,7 @@ def main() -> None:
         counts[f"{args.structured}/{STRUCTURED_PROMPT}"] = prompt_length(path, extraction)
     meta["prompt_tokens"] = counts
     rows = build_rows(args, prompts) + (structured_rows(args, extraction) if extraction else [])
+    compile_bytecode(args.python)
     for _, path in args.model:  # page cache warm
         with open(path, "rb") as fh:
             while fh.read(64 << 20):
@@ -495,6 +497,18 @@ def main() -> None:
     with open(os.path.join(out, "meta.json"), "w") as fh:
         json.dump(meta, fh, indent=1)
     print(write_summary(out, load_runs(raw_path), meta), flush=True)
+
+
+def compile_bytecode(python: str) -> None:
+    """Reflex's modules compiled for `python`, as pip compiles them at install. A checkout's bytecode is
+    otherwise written by the first process that imports it, or never where PYTHONDONTWRITEBYTECODE is
+    set (as on the GPU host), and then every process compiles them from source first: ~50 ms of the
+    main thread's host path there (docs/perf-notes.md, run 14)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("reflex_engine")
+    if spec is not None and spec.submodule_search_locations:
+        subprocess.run([python, "-m", "compileall", "-q", *spec.submodule_search_locations], stdout=subprocess.DEVNULL, check=False)
 
 
 def load_runs(raw_path: str) -> list[dict]:

@@ -176,6 +176,7 @@ for probe in ${PROBES:-}; do
 done
 
 if [ "${VARIANTS:-0}" = 1 ]; then  # kernel images built here with other constants, each in turn in place of the carried one
+    wait_peer  # nothing compiles beside the timings
     cp -r src/reflex_engine/cuda_image /tmp/main_image
     for v in .variants/*/; do
         rm -rf src/reflex_engine/cuda_image && cp -r "$v" src/reflex_engine/cuda_image
@@ -192,9 +193,6 @@ floor_and_venv() {  # the floor's cubin and a clean interpreter, as a user's ven
     [ -x /tmp/floor/floor ] || { mkdir -p /tmp/floor && gcc -O2 -o /tmp/floor/floor bench/floor.c -ldl \
         && nvcc -cubin -arch=sm_90 -o /tmp/floor/floor.cubin bench/floor_kernel.cu; }
     [ -x /tmp/cold-venv/bin/python ] || python3 -m venv --without-pip /tmp/cold-venv
-    # Reflex's bytecode, as pip writes it at install: this checkout's modules are otherwise compiled from
-    # source in every process where the environment sets PYTHONDONTWRITEBYTECODE
-    /tmp/cold-venv/bin/python -m compileall -q src/reflex_engine sidecar/src > /dev/null
 }
 
 if [ "${PROBE:-0}" = 1 ]; then  # fresh processes of the clean venv's python3 beside the Python floor
@@ -247,6 +245,7 @@ if [ "${COLD:-0}" = 1 ]; then
             --deadline-s "$(left)" --out "$OUT/cold-hybrid" 2>&1 | tail -30
     fi
     if [ "${SIDECAR:-0}" = 1 ]; then  # the system python3, for the sidecar and the bare engine alike
+        python3 -m compileall -q sidecar/src > /dev/null  # its bytecode, as pip installs it (cold_start.compile_bytecode)
         PYTHONPATH=$ROOT/sidecar/src:$PYTHONPATH python3 sidecar/tools/cold_start.py "$(model_file 0.6b q4_k_m)" --device cuda \
             -n "${COLD_N:-10}" 2>&1 | tee "$OUT/cold/sidecar.txt" | tail -6
     fi
