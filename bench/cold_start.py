@@ -450,9 +450,14 @@ def main() -> None:
     t_end = time.monotonic() + args.deadline_s
     meta = machine()
     prompts, counts = {}, {}
-    for tag, path in args.model:
-        for n in map(int, args.prompt_tokens.split(",")):
-            prompts[tag, str(n)], counts[f"{tag}/{n}"] = prompt_of(path, n)
+    from reflex_engine.errors import ReflexError
+
+    try:  # a model that cannot be read is one line, before any run
+        for tag, path in args.model:
+            for n in map(int, args.prompt_tokens.split(",")):
+                prompts[tag, str(n)], counts[f"{tag}/{n}"] = prompt_of(path, n)
+    except ReflexError as e:
+        sys.exit(f"cold_start: {e}")
     extraction = None
     if args.structured:
         path = dict(args.model)[args.structured]
@@ -508,7 +513,10 @@ def compile_bytecode(python: str) -> None:
 
     spec = importlib.util.find_spec("reflex_engine")
     if spec is not None and spec.submodule_search_locations:
-        subprocess.run([python, "-m", "compileall", "-q", *spec.submodule_search_locations], stdout=subprocess.DEVNULL, check=False)
+        try:
+            subprocess.run([python, "-m", "compileall", "-q", *spec.submodule_search_locations], stdout=subprocess.DEVNULL, check=False)
+        except OSError as e:
+            sys.exit(f"cold_start: cannot run --python {python}: {e.strerror or e}")
 
 
 def load_runs(raw_path: str) -> list[dict]:

@@ -176,6 +176,11 @@ PHASES = ("teardown_unpin_ms", "teardown_free_ms", "teardown_context_ms", "cuda_
           "upload_ms", "prompt_eval_ms", "first_token_ms", "ops_ready_ms", "load_end_ms", "pass_start_ms")
 
 
+def variant_names(text: str) -> list[str]:
+    """--variants' names: comma-separated, where a name may hold ", " itself."""
+    return [n.strip() for n in re.split(r",(?=[^ ])", text)]
+
+
 def rows(args) -> list[Row]:
     prompt = " ".join(["hello"] * args.prompt_tokens)
     out = []
@@ -193,7 +198,7 @@ def rows(args) -> list[Row]:
                         .replace("CUBIN", repr(cubin)).replace("FLOOR", repr(floor_py)))
                 out.append(Row(f"floor, python3 + ctypes, Reflex's driver settings, holding {label}", "", "",
                                [args.python, "-c", code], "line:FLOOR_OK", {**DRIVER_SETTINGS, "PYTHONPATH": SRC}))
-    names = [n.strip() for n in re.split(r",(?=[^ ])", args.variants)]  # variant names hold ", " themselves
+    names = variant_names(args.variants)
     for name in names:
         patch, env = VARIANTS[name]
         code = patch + "\nfrom reflex_engine.launch import run\nrun()\n"
@@ -215,6 +220,9 @@ def main() -> None:
     ap.add_argument("--variants", default=DEFAULT, help=f"comma-separated, of: {'; '.join(VARIANTS)}")
     ap.add_argument("--raw", help="also write every run (its row, times and phases) to this JSON-lines file")
     args = ap.parse_args()
+    unknown = [n for n in variant_names(args.variants) if n not in VARIANTS]
+    if unknown:
+        sys.exit(f"probe_overlap: unknown variant {unknown[0]!r} (choose from: {'; '.join(VARIANTS)})")
     try:  # before the runs: a path that cannot be written is one line, not a traceback after minutes
         raw = open(args.raw, "w") if args.raw else None
     except OSError as e:
