@@ -16,8 +16,9 @@ import pytest
 import reflex_engine
 from reflex_engine.backends.cuda import device as device_module
 from reflex_engine.backends.cuda import ops as ops_module
+from reflex_engine.backends.cuda.params import param_format
 from reflex_engine.gguf.constants import GGML_BLOCK, GGMLType
-from reflex_engine.ops import CacheShape
+from reflex_engine.ops import Batch, CacheShape, Rope, RopeMode
 from reflex_engine.sampling import SamplingParams
 from test_cuda_errors import MODEL, fake  # noqa: F401 (a fixture)
 
@@ -157,6 +158,56 @@ def test_a_prompt_pass_shares_launches_between_weights_of_one_kernel(record):
     # its attention splits the 16 slots it reaches, not the cache's 512: one split, no merge
     assert names.count("attention") == 2 and "attention_combine" not in names
     assert names.count("rope_f32") == 2  # q and k (each normed) in one launch a layer
+    assert "kv_store" not in names  # that launch wrote k and v to the cache too
+
+
+def rope_then(lib, then):
+    """The launches of q and k's rope (8 tokens, 4 and 2 heads of 64) into a one-layer cache, then of
+    then(ops, q, k, v, cache), q and k the rope's; each as (kernel, its rope_f32 k_cache argument)."""
+    ops = ops_module.CudaOps()
+    ops.reserve([(GGMLType.F32, (64,))], CacheShape(1, 16, 128, 128), activation_width=2048)
+    norm = ops.load_weight("norm", GGMLType.F32, (64,), np.ones(64, np.float32).tobytes())
+    ops.commit_weights()
+    cache = ops.new_kv_cache(CacheShape(1, 16, 128, 128))
+    q, k, v = (ops.from_host(np.ones((8, w), np.float32)) for w in (256, 128, 128))
+    lib.launches = []
+    rope = Rope(RopeMode.NEOX, 64, 10000.0)
+    qr, kr = ops.ropes((q, k), range(8), 64, rope, norms=((norm, 1e-6), (norm, 1e-6)))
+    del q, k  # their buffers stay the rope's inputs until it runs
+    then(ops, qr, kr, v, cache)
+    ops.device.synchronize()
+    k_cache_arg = len(param_format("rope_f32")) - len(ops_module.NO_CACHE_WRITE)  # the first of the cache's
+    return [(name, int.from_bytes(args[k_cache_arg], "little") if name == "rope_f32" else None)
+            for name, *_, args in lib.launches], cache
+
+
+def attend(ops, q, k, v, cache):
+    ops.attention(q, k, v, cache=cache, layer=0, batch=Batch.causal(range(8), 0), n_heads=4, n_kv_heads=2, scale=0.125)
+
+
+def test_the_rope_of_q_and_k_writes_k_and_v_to_the_cache_for_the_attention_after_it(fake):  # noqa: F811
+    """ops.ropes holds its launch back (Device.hold); the attention after it makes it with the layer's
+    cache, so that it writes what kv_store would have: one launch fewer a layer."""
+    launches, cache = rope_then(fake(), attend)
+    assert launches == [("rope_f32", cache.k[0]), ("attention", None)]
+
+
+@pytest.mark.parametrize("between", ["an op", "a download", "a poison"])
+def test_a_held_rope_runs_before_anything_that_could_read_its_output(fake, between):  # noqa: F811
+    """Anything else the stream does first makes the rope as it is, before it: then the attention
+    stores k and v itself."""
+    def then(ops, q, k, v, cache):
+        if between == "an op":
+            ops.add(q, q)
+        elif between == "a download":
+            ops.to_host(k)
+        else:
+            ops.poison()
+        attend(ops, q, k, v, cache)
+
+    launches, _ = rope_then(fake(), then)
+    assert launches[0] == ("rope_f32", 0)
+    assert [name for name, _ in launches[1:]] == (["add_f32"] if between == "an op" else []) + ["kv_store", "attention"]
 
 
 def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
@@ -302,7 +353,8 @@ def test_a_replay_queued_before_the_one_before_it_ran_reads_its_own_positions():
     drv = StreamInOrder()
     scratch = ctypes.create_string_buffer(16 * len(STEP_INTS))
     ints = {kind: ctypes.addressof(scratch) + 16 * i for i, kind in enumerate(STEP_INTS)}
-    ops = SimpleNamespace(_ints=ints, max_batch=4, device=SimpleNamespace(drv=drv, stream=ctypes.c_void_p(1)),
+    device = SimpleNamespace(drv=drv, stream=ctypes.c_void_p(1), release=lambda: None)
+    ops = SimpleNamespace(_ints=ints, max_batch=4, device=device,
                           weights_arrived=lambda: None, _captured_ints=None, _positions=None)
 
     def forward(batch):  # as CudaOps records the ints a captured pass reads, then its kernels

@@ -4,12 +4,13 @@
 matvec of the types with a tensor-core one (ops.X16_MMA_TYPES: 1 that kernel, 0 the int16 dot
 products of kernels/matvec_x16.cu), that kernel's warps a block (ops.X16_MMA_WARPS, at most 8), and the
 short-prompt GEMM of the types with a fragment one (ops.GEMM_FRAG_TYPES: 1 kernels/gemm_frag.cu, 0 gemm.cu)
-with its warps a block (ops.GEMM_FRAG_WARPS, at most 8). Per variant:
+with its warps a block (ops.GEMM_FRAG_WARPS, at most 8), and whether q and k's rope writes k and v to
+the cache for the attention after it (1) or kv_store does (0: the held rope released first). Per variant:
 decode tokens/s at a 128-token context (the decode graph captured again) and the 16- and 64-token
 prompts' passes.
 
     PYTHONPATH=src python3 tools/probe_launch_shapes.py MODEL [--fused 3,1] [--gemm-blocks 4,2,0] [--decode-mma 1,0] [--mma-warps 8,4]
-        [--gemm-frag 1,0] [--frag-warps 16,8] [--runs 3]
+        [--gemm-frag 1,0] [--frag-warps 16,8] [--rope-store 1,0] [--runs 3]
 
 A throwaway measurement tool: it patches the module constants the launches read. The GEMM's
 scratch is sized at load for the module's own GEMM_BLOCKS_AN_SM, so a variant may only lower it.
@@ -36,19 +37,21 @@ def main() -> None:
     ap.add_argument("--mma-warps", default=str(ops.X16_MMA_WARPS))
     ap.add_argument("--gemm-frag", default="1")
     ap.add_argument("--frag-warps", default=str(ops.GEMM_FRAG_WARPS))
+    ap.add_argument("--rope-store", default="1")
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     try:
         grid = [[int(v) for v in a.split(",")] for a in (args.fused, args.gemm_blocks, args.decode_mma, args.mma_warps,
-                                                             args.gemm_frag, args.frag_warps)]
+                                                             args.gemm_frag, args.frag_warps, args.rope_store)]
     except ValueError:
         sys.exit("probe_launch_shapes: every option but --runs takes comma-separated integers")
     if not all(1 <= f <= ops.FUSED_WEIGHTS for f in grid[0]) or not all(0 <= b <= ops.GEMM_BLOCKS_AN_SM for b in grid[1]) \
             or not all(m in (0, 1) for m in grid[2]) or not all(1 <= w <= ops.X16_MMA_WARPS for w in grid[3]) \
-            or not all(f in (0, 1) for f in grid[4]) or not all(1 <= w <= ops.GEMM_FRAG_WARPS for w in grid[5]) or args.runs < 1:
+            or not all(f in (0, 1) for f in grid[4]) or not all(1 <= w <= ops.GEMM_FRAG_WARPS for w in grid[5]) or not all(r in (0, 1) for r in grid[6]) \
+            or args.runs < 1:
         sys.exit(f"probe_launch_shapes: --fused takes 1 to {ops.FUSED_WEIGHTS}, --gemm-blocks 0 to {ops.GEMM_BLOCKS_AN_SM}, "
                  f"--decode-mma 0 or 1, --mma-warps 1 to {ops.X16_MMA_WARPS}, --gemm-frag 0 or 1, "
-                 f"--frag-warps 1 to {ops.GEMM_FRAG_WARPS}, --runs 1 or more")
+                 f"--frag-warps 1 to {ops.GEMM_FRAG_WARPS}, --rope-store 0 or 1, --runs 1 or more")
     try:
         model = reflex_engine.load(args.model, device="cuda", n_ctx=512)
     except ReflexError as e:
@@ -56,10 +59,20 @@ def main() -> None:
     copy, weight_bytes = model.ops.device.copy_bandwidth(), decode_weight_bytes(model)
     print(f"## {args.model}: median of {args.runs}; the decode bound: {weight_bytes / 1e9:.2f} GB a token "
           f"over the copy's {copy / 1e12:.2f} TB/s\n")
-    mma_types, frag_types = ops.X16_MMA_TYPES, ops.GEMM_FRAG_TYPES
-    print("| weights a launch | GEMM blocks an SM | decode mma | its warps | GEMM frag | its warps | decode tok/s | of the bound | "
-          + " | ".join(f"prefill {n} ms" for n in PROMPTS) + " |\n|---|---|---|---|---|---|---|---|" + "---|" * len(PROMPTS))
-    for fused, blocks, mma, warps, frag, frag_warps in itertools.product(*grid):
+    mma_types, frag_types, cuda_ops = ops.X16_MMA_TYPES, ops.GEMM_FRAG_TYPES, model.ops
+
+    def rope_alone_then_attention(*args, **kwargs):  # the attention then launches kv_store
+        cuda_ops.device.release()
+        return type(cuda_ops).attention(cuda_ops, *args, **kwargs)
+
+    print("| weights a launch | GEMM blocks an SM | decode mma | its warps | GEMM frag | its warps | rope stores | decode tok/s | "
+          "of the bound | " + " | ".join(f"prefill {n} ms" for n in PROMPTS) + " |\n|---|---|---|---|---|---|---|---|---|"
+          + "---|" * len(PROMPTS))
+    for fused, blocks, mma, warps, frag, frag_warps, rope_store in itertools.product(*grid):
+        if rope_store:
+            cuda_ops.__dict__.pop("attention", None)
+        else:
+            cuda_ops.attention = rope_alone_then_attention
         ops.MAX_FUSED, ops.GEMM_BLOCKS_AN_SM, ops.X16_MMA_TYPES = fused, blocks, mma_types if mma else ()
         ops.X16_MMA_WARPS, ops.GEMM_FRAG_TYPES, ops.GEMM_FRAG_WARPS = warps, frag_types if frag else (), frag_warps
         model.ops._plans.clear()  # the matmuls' launches, made again with these constants
@@ -68,7 +81,7 @@ def main() -> None:
                    for _ in range(args.runs)]
         rate = statistics.median(r.decode[128]["tokens_per_s"] for r in reports)
         prefill = " | ".join(f"{statistics.median(r.prefill[n] for r in reports):.2f}" for n in PROMPTS)
-        print(f"| {fused} | {blocks} | {mma} | {warps} | {frag} | {frag_warps} | {rate:.1f} | {rate * weight_bytes / copy:.1%} | {prefill} |", flush=True)
+        print(f"| {fused} | {blocks} | {mma} | {warps} | {frag} | {frag_warps} | {rope_store} | {rate:.1f} | {rate * weight_bytes / copy:.1%} | {prefill} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -32,11 +32,15 @@ extern "C" __global__ void norm_f32(const float* x, const float* w, float* y, in
 // The angle is computed in double as the reference does: pos * freq_scale * base^(-2i/n_rot) / ff[i].
 // With norm_w, each head is first RMS-normalized as norm_f32 does it (the rotation then of its output).
 // Two tensors of the same tokens at once (q and k, each with its own norm): blocks y < heads0 take
-// x0's heads0 heads a token, the rest x1's (gridDim.y - heads0; none: x1, y1 unused).
+// x0's heads0 heads a token, the rest x1's (gridDim.y - heads0; none: x1, y1 unused). With k_cache,
+// x1 is k and the blocks of its heads write what kv_store would (attention.cu) of token i into slot
+// *start_at + i: the rotated head rounded to f16, the head's share of v's row (v_width floats a token)
+// and, for the first head, the token's segment; the attention after then needs no kv_store.
 // LAUNCH: block = (n_rot / 2 rounded up to 32, capped at 256), grid = (n_tok, heads0 + heads1).
 extern "C" __global__ void rope_f32(const float* x0, float* y0, const float* norm0, int heads0, const float* x1, float* y1,
                                     const float* norm1, const int* pos, const float* freq_factors, int head_dim, int n_rot,
-                                    int neox, double base, double freq_scale, float eps) {
+                                    int neox, double base, double freq_scale, float eps, __half* k_cache, __half* v_cache,
+                                    const float* v, int v_width, int* slot_seg, const int* seg, const int* start_at) {
     follow_previous_kernel();
     const bool second = blockIdx.y >= heads0;
     const float* x = second ? x1 : x0;
@@ -45,6 +49,13 @@ extern "C" __global__ void rope_f32(const float* x0, float* y0, const float* nor
     const int n_heads = second ? gridDim.y - heads0 : heads0, h = second ? blockIdx.y - heads0 : blockIdx.y;
     const int64_t head = ((int64_t)blockIdx.x * n_heads + h) * head_dim;
     const int half = n_rot / 2;
+    const bool store = second && k_cache;
+    const int64_t slot = store ? (int64_t)*start_at + blockIdx.x : 0;
+    __half* k_slot = store ? k_cache + slot * n_heads * head_dim + (int64_t)h * head_dim : nullptr;
+    const auto put = [&](int i, float value) {
+        y[head + i] = value;
+        if (store) k_slot[i] = __float2half_rn(value);
+    };
     float scale = 1.0f;
     if (norm_w) {
         float sq = 0.0f;
@@ -60,10 +71,16 @@ extern "C" __global__ void rope_f32(const float* x0, float* y0, const float* nor
         const float cs = (float)c, sn = (float)s;
         const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
         const float a = in(ia), b = in(ib);
-        y[head + ia] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-        y[head + ib] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+        put(ia, __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
+        put(ib, __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs)));
     }
-    for (int i = n_rot + threadIdx.x; i < head_dim; i += blockDim.x) y[head + i] = in(i);
+    for (int i = n_rot + threadIdx.x; i < head_dim; i += blockDim.x) put(i, in(i));
+    if (store) {
+        const int dv = v_width / n_heads;
+        const float* v_head = v + (int64_t)blockIdx.x * v_width + (int64_t)h * dv;
+        for (int i = threadIdx.x; i < dv; i += blockDim.x) v_cache[slot * v_width + (int64_t)h * dv + i] = __float2half_rn(v_head[i]);
+        if (h == 0 && threadIdx.x == 0) slot_seg[slot] = seg[blockIdx.x];
+    }
 }
 
 // LAUNCH for the elementwise kernels: block 256, grid.x = ceil(n / 256).

@@ -76,6 +76,7 @@ class Device:
         # set by graph.py while it captures a decode step: there overlapped launches paid (H200, 0.6B
         # Q4_K_M decode 683 -> 785 tok/s), while eager prompt passes lost (512 tokens 16.8 -> 21.5 ms)
         self.overlap_launches = False
+        self._held: Callable[[], None] | None = None  # a launch held back (hold)
 
     def close(self) -> None:
         """Give back what this Device took once its stream's work is done: the module, the stream,
@@ -156,9 +157,28 @@ class Device:
         kernel = self._kernels[name] = Kernel(fn, struct.Struct(packing).pack_into, extra, fmt, size)
         return kernel
 
+    def hold(self, launch: Callable[[], None]) -> None:
+        """Hold back a launch (a function that makes it) until the next launch, upload, download or
+        synchronize makes it first, so that the op after the one holding it may take it over
+        (take_held) and make it fused with its own work."""
+        self.release()
+        self._held = launch
+
+    def take_held(self) -> Callable[[], None] | None:
+        """The launch held back, no longer held: the caller makes it, or its fused form."""
+        launch, self._held = self._held, None
+        return launch
+
+    def release(self) -> None:
+        """Make the launch held back, if one is."""
+        if self._held is not None:
+            self.take_held()()
+
     def launch(self, name: str, grid: tuple[int, ...], block: int, args: tuple, smem: int = 0) -> None:
-        """Enqueue kernel `name` on the stream; args are plain ints and floats, its parameters in
-        order (params.py has their types)."""
+        """Enqueue kernel `name` on the stream (after a launch held back); args are plain ints and
+        floats, its parameters in order (params.py has their types)."""
+        if self._held is not None:
+            self.release()
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         if gx == 0 or gy == 0 or gz == 0:
             return  # nothing to do: empty tensors are legal (e.g. no logits rows in a prefill chunk)
@@ -186,14 +206,17 @@ class Device:
         return self.drv.mem_info()[0]
 
     def upload(self, dst: int, src_address: int, nbytes: int) -> None:
+        self.release()  # it may read what the copy overwrites
         self.drv.cuMemcpyHtoDAsync_v2(dst, src_address, nbytes, self.stream)
 
     def download(self, dst_address: int, src: int, nbytes: int) -> None:
         """Copy to host memory and wait: the stream's work before it is done when this returns."""
+        self.release()
         self.drv.cuMemcpyDtoHAsync_v2(dst_address, src, nbytes, self.stream)
         self.synchronize()
 
     def synchronize(self) -> None:
+        self.release()
         self.drv.cuStreamSynchronize(self.stream)
 
     def copy_bandwidth(self, nbytes: int = 1 << 30, repeats: int = 5) -> float:

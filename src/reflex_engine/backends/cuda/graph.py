@@ -161,6 +161,7 @@ class CapturedPass:
             out = self.forward(batch)
         finally:
             # and what the scratch held for the capture's tensors, whose buffers then go back to the pool
+            dev.release()  # into the graph (a pass always takes what it holds back, unless it failed)
             ops._captured_ints, ops._x16_of, ops._xh_of, dev.overlap_launches = None, None, None, False
             drv.cuStreamEndCapture(stream, byref(graph))
         try:

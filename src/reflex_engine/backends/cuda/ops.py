@@ -130,6 +130,18 @@ def gemm_splits(n_rows: Sequence[int], n_cols: int, tiles: int, target: int) -> 
     return max(splits), (*splits, *(1,) * (FUSED_WEIGHTS - len(splits)))
 
 
+class HeldRope(NamedTuple):
+    """A rope_f32 launch of q and k held back for the attention after it (CudaOps.ropes)."""
+    inputs: tuple  # q and k before the rope: held, so their buffers stay theirs until it runs
+    outs: tuple
+    grid: tuple[int, int]
+    block: int
+    args: tuple  # every argument before the cache's (NO_CACHE_WRITE where none)
+
+
+NO_CACHE_WRITE = (0, 0, 0, 0, 0, 0, 0)  # rope_f32's k_cache, v_cache, v, v_width, slot_seg, seg, start_at
+
+
 class KVCache(NamedTuple):
     k: list[int]  # per layer: f16 (capacity, k_width); 0 for a recurrent layer
     v: list[int]  # per layer: f16 (capacity, v_width); 0 for a recurrent one, and for all when latent (MLA): the values are k's first v_width
@@ -194,6 +206,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._arriving: dict[int, tuple[int, memoryview]] = {}  # weight address -> (its copy, its bytes) until first read
         self._captured_ints: dict[str, list[int]] | None = None  # while graph.py captures a pass
         self._readback = None  # pinned slots the sampler reads its device-made choices back through (cuda/sampler.py), made at its first `ahead`
+        self._held_rope: HeldRope | None = None  # q and k's rope while the device holds its launch back
         self.graphs = os.environ.get("REFLEX_CUDA_GRAPHS") != "0"  # replay repeated passes as CUDA graphs
 
     @property
@@ -362,6 +375,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
 
     def poison(self) -> None:
         """Fill every activation buffer with NaN, so a test sees any element a kernel did not write."""
+        self.device.release()  # a held launch reads its inputs before the fill
         for pool in (self._small, self._graph_pool, self._large):
             self.device.drv.cuMemsetD32Async(pool.region.base, 0x7FC00000, pool.region.size // 4, self.device.stream)
 
@@ -609,19 +623,35 @@ class CudaOps(ExpertOps, DeltaNetOps):
         # (x, y, norm weight) of each tensor, an absent second one (0, 0, 0); one eps serves both
         parts = [(x.ptr, y.ptr, self._ready(n[0]) if n else 0) for x, y, n in zip(xs, outs, norms)] + [(0, 0, 0)]
         eps = next((n[1] for n in norms if n), 0.0)
-        self.device.launch("rope_f32", (xs[0].rows, sum(x.cols for x in xs) // head_dim), block,
-                           (*parts[0], xs[0].cols // head_dim, *parts[1], *common, eps))
+        rope = HeldRope(tuple(xs), tuple(outs), (xs[0].rows, sum(x.cols for x in xs) // head_dim), block,
+                        (*parts[0], xs[0].cols // head_dim, *parts[1], *common, eps))
+        # held back: the attention after q and k's rope writes k and v to its cache in this launch (attention)
+        self._held_rope = rope
+        self.device.hold(lambda: self._launch_rope(rope, NO_CACHE_WRITE))
         return outs
+
+    def _launch_rope(self, rope: HeldRope, cache_write: tuple) -> None:
+        if self._held_rope is rope:
+            self._held_rope = None
+        self.device.launch("rope_f32", rope.grid, rope.block, rope.args + cache_write)
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: KVCache, layer: int, batch: Batch,
                   n_heads: int, n_kv_heads: int, scale: float) -> Tensor:
         dev, t = self.device, q.rows
+        rope = self._held_rope
+        if rope is not None and rope.outs == (q, k) and dev.take_held() is not None:
+            self._held_rope = None  # made below, writing k and v to the cache as kv_store would
+        else:
+            rope = None
         if layer == cache.shape.kv_layers[0]:  # every layer's pass has the same slots
             self._segments = self._upload_ints("segments", batch.segments)
             self._start = self._upload_ints("start", [batch.start])
         dk, dv = k.cols // n_kv_heads, v.cols // n_kv_heads
-        dev.launch("kv_store", (t,), 256, (k.ptr, v.ptr, cache.k[layer], cache.v[layer], cache.segments, self._segments,
-                                           self._start, t, k.cols, v.cols))
+        if rope is not None:
+            self._launch_rope(rope, (cache.k[layer], cache.v[layer], v.ptr, v.cols, cache.segments, self._segments, self._start))
+        else:
+            dev.launch("kv_store", (t,), 256, (k.ptr, v.ptr, cache.k[layer], cache.v[layer], cache.segments, self._segments,
+                                               self._start, t, k.cols, v.cols))
         out = self._new(t, n_heads * dv)
         args = (q.ptr, cache.k[layer], cache.v[layer], cache.segments, self._segments,
                 out.ptr, self._start, t, n_heads, n_kv_heads, dk, dv, scale)

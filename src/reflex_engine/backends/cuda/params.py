@@ -34,7 +34,7 @@ KERNELS = {
     "delta_rule_chunk_scan": "PPPPPPPPiiiiiifii",
     # elementwise.cu
     "norm_f32": "PPPifPP",
-    "rope_f32": "PPPiPPPPPiiiddf",
+    "rope_f32": "PPPiPPPPPiiiddfPPPiPPP",
     "add_f32": "PPPq",
     "swiglu_f32": "PPPqPP",
     "take_rows_f32": "PPPi",
