@@ -411,7 +411,7 @@ def test_attention_prefill_then_decode(gpu, n_heads, n_kv, d, segments, chunks):
 @pytest.mark.parametrize("n_heads,n_kv,d", [(4, 2, 128), (6, 2, 64), (2, 1, 96)])
 def test_attention_at_a_long_context_over_many_splits(gpu, n_heads, n_kv, d):
     """Decode and short batches where the cache's slots are split over 64 blocks a (query, head)
-    (kernels/attention.cu; a decode step's grid fixed by the capacity) and the last split to finish
+    (kernels/attention.cu; a decode step's grid that of its bucket of slots) and the last split to finish
     merges their partials: a 4,000-token prompt, then two candidates in their own segments (each sees the
     prompt and itself), then decode steps of 1 and 8 tokens at start > 0."""
     steps = [(a, a + 500, Batch.causal(range(500), a)) for a in range(0, 4000, 500)]
@@ -422,9 +422,9 @@ def test_attention_at_a_long_context_over_many_splits(gpu, n_heads, n_kv, d):
 
 
 def test_decode_attention_at_the_first_slots_of_a_large_cache(gpu):
-    """A decode step's grid splits the whole cache (64 blocks a (query, head) at 4,096 slots) wherever it
-    stands: past a short prompt all but the first splits are empty, and their merge skips them, until a
-    second split of 32 slots fills."""
+    """A decode step's grid splits its bucket of slots (8 blocks a (query, head) for the first 256, of a
+    4,096-slot cache) wherever it stands in it: past a short prompt all but the first splits are empty,
+    and their merge skips them, until a second split of 32 slots fills."""
     steps = [(0, 20, Batch.causal(range(20), 0))] + [(s, s + 1, Batch.causal([0], s)) for s in range(20, 40)]
     attention_matches_the_cpus(gpu, 8, 2, 128, 4096, steps)
 

@@ -4,13 +4,15 @@
 matvec of the types with a tensor-core one (ops.X16_MMA_TYPES: 1 that kernel, 0 the int16 dot
 products of kernels/matvec_x16.cu), that kernel's warps a block (ops.X16_MMA_WARPS, at most 8), and the
 short-prompt GEMM of the types with a fragment one (ops.GEMM_FRAG_TYPES: 1 kernels/gemm_frag.cu, 0 gemm.cu)
-with its warps a block (ops.GEMM_FRAG_WARPS, at most 8), and whether q and k's rope writes k and v to
-the cache for the attention after it (1) or kv_store does (0: the held rope released first). Per variant:
-decode tokens/s at a 128-token context (the decode graph captured again) and the 16- and 64-token
-prompts' passes.
+with its warps a block (ops.GEMM_FRAG_WARPS, at most 8), whether q and k's rope writes k and v to the
+cache for the attention after it (1) or kv_store does (0: the held rope released first), and a decode
+step's attention grid (ops.DECODE_MIN_SLOTS: its bucket of slots, at least that many; 0: the whole cache's,
+the model loaded with --n-ctx). Per variant:
+decode tokens/s at each --contexts' context (128: the decode graph captured again) and the 16- and
+64-token prompts' passes.
 
     PYTHONPATH=src python3 tools/probe_launch_shapes.py MODEL [--fused 3,1] [--gemm-blocks 4,2,0] [--decode-mma 1,0] [--mma-warps 8,4]
-        [--gemm-frag 1,0] [--frag-warps 16,8] [--rope-store 1,0] [--runs 3]
+        [--gemm-frag 1,0] [--frag-warps 16,8] [--rope-store 1,0] [--decode-slots 256,0] [--n-ctx 512] [--contexts 128] [--runs 3]
 
 A throwaway measurement tool: it patches the module constants the launches read. The GEMM's
 scratch is sized at load for the module's own GEMM_BLOCKS_AN_SM, so a variant may only lower it.
@@ -38,22 +40,29 @@ def main() -> None:
     ap.add_argument("--gemm-frag", default="1")
     ap.add_argument("--frag-warps", default=str(ops.GEMM_FRAG_WARPS))
     ap.add_argument("--rope-store", default="1")
+    ap.add_argument("--decode-slots", default=str(ops.DECODE_MIN_SLOTS))
+    ap.add_argument("--n-ctx", type=int, default=512)
+    ap.add_argument("--contexts", default="128")
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     try:
+        contexts = tuple(int(c) for c in args.contexts.split(","))
         grid = [[int(v) for v in a.split(",")] for a in (args.fused, args.gemm_blocks, args.decode_mma, args.mma_warps,
-                                                             args.gemm_frag, args.frag_warps, args.rope_store)]
+                                                             args.gemm_frag, args.frag_warps, args.rope_store, args.decode_slots)]
     except ValueError:
-        sys.exit("probe_launch_shapes: every option but --runs takes comma-separated integers")
+        sys.exit("probe_launch_shapes: every option but --runs and --n-ctx takes comma-separated integers")
+    if any(c + 64 > args.n_ctx for c in contexts):
+        sys.exit("probe_launch_shapes: a --contexts context and its 64 decoded tokens must fit in --n-ctx")
     if not all(1 <= f <= ops.FUSED_WEIGHTS for f in grid[0]) or not all(0 <= b <= ops.GEMM_BLOCKS_AN_SM for b in grid[1]) \
             or not all(m in (0, 1) for m in grid[2]) or not all(1 <= w <= ops.X16_MMA_WARPS for w in grid[3]) \
-            or not all(f in (0, 1) for f in grid[4]) or not all(1 <= w <= ops.GEMM_FRAG_WARPS for w in grid[5]) or not all(r in (0, 1) for r in grid[6]) \
-            or args.runs < 1:
+            or not all(f in (0, 1) for f in grid[4]) or not all(1 <= w <= ops.GEMM_FRAG_WARPS for w in grid[5]) \
+            or not all(r in (0, 1) for r in grid[6]) or not all(s >= 0 for s in grid[7]) or args.runs < 1 or args.n_ctx < 256:
         sys.exit(f"probe_launch_shapes: --fused takes 1 to {ops.FUSED_WEIGHTS}, --gemm-blocks 0 to {ops.GEMM_BLOCKS_AN_SM}, "
                  f"--decode-mma 0 or 1, --mma-warps 1 to {ops.X16_MMA_WARPS}, --gemm-frag 0 or 1, "
-                 f"--frag-warps 1 to {ops.GEMM_FRAG_WARPS}, --rope-store 0 or 1, --runs 1 or more")
+                 f"--frag-warps 1 to {ops.GEMM_FRAG_WARPS}, --rope-store 0 or 1, --decode-slots 0 or more, --n-ctx 256 or "
+                 "more, --runs 1 or more")
     try:
-        model = reflex_engine.load(args.model, device="cuda", n_ctx=512)
+        model = reflex_engine.load(args.model, device="cuda", n_ctx=args.n_ctx)
     except ReflexError as e:
         sys.exit(f"probe_launch_shapes: {e}")
     copy, weight_bytes = model.ops.device.copy_bandwidth(), decode_weight_bytes(model)
@@ -65,10 +74,12 @@ def main() -> None:
         cuda_ops.device.release()
         return type(cuda_ops).attention(cuda_ops, *args, **kwargs)
 
-    print("| weights a launch | GEMM blocks an SM | decode mma | its warps | GEMM frag | its warps | rope stores | decode tok/s | "
-          "of the bound | " + " | ".join(f"prefill {n} ms" for n in PROMPTS) + " |\n|---|---|---|---|---|---|---|---|---|"
-          + "---|" * len(PROMPTS))
-    for fused, blocks, mma, warps, frag, frag_warps, rope_store in itertools.product(*grid):
+    print("| weights a launch | GEMM blocks an SM | decode mma | its warps | GEMM frag | its warps | rope stores | decode slots | "
+          + " | ".join(f"decode at {c} tok/s" for c in contexts) + " | of the bound | "
+          + " | ".join(f"prefill {n} ms" for n in PROMPTS) + " |\n|---|---|---|---|---|---|---|---|---|"
+          + "---|" * (len(contexts) + len(PROMPTS)))
+    for fused, blocks, mma, warps, frag, frag_warps, rope_store, slots in itertools.product(*grid):
+        ops.DECODE_MIN_SLOTS = slots or 1 << 30  # 0: past any cache's capacity
         if rope_store:
             cuda_ops.__dict__.pop("attention", None)
         else:
@@ -77,11 +88,13 @@ def main() -> None:
         ops.X16_MMA_WARPS, ops.GEMM_FRAG_TYPES, ops.GEMM_FRAG_WARPS = warps, frag_types if frag else (), frag_warps
         model.ops._plans.clear()  # the matmuls' launches, made again with these constants
         model._forward.close()  # captured again at the next steps, with these launches
-        reports = [run_bench(model, runs=2, decode_tokens=64, prefill_tokens=PROMPTS, contexts=(128,))
+        reports = [run_bench(model, runs=2, decode_tokens=64, prefill_tokens=PROMPTS, contexts=contexts)
                    for _ in range(args.runs)]
-        rate = statistics.median(r.decode[128]["tokens_per_s"] for r in reports)
+        rates = [statistics.median(r.decode[c]["tokens_per_s"] for r in reports) for c in contexts]
+        rate = rates[0]
         prefill = " | ".join(f"{statistics.median(r.prefill[n] for r in reports):.2f}" for n in PROMPTS)
-        print(f"| {fused} | {blocks} | {mma} | {warps} | {frag} | {frag_warps} | {rope_store} | {rate:.1f} | {rate * weight_bytes / copy:.1%} | {prefill} |", flush=True)
+        print(f"| {fused} | {blocks} | {mma} | {warps} | {frag} | {frag_warps} | {rope_store} | {slots or 'cache'} | "
+              + " | ".join(f"{r:.1f}" for r in rates) + f" | {rate * weight_bytes / copy:.1%} | {prefill} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from ...errors import ReflexError
 from ...ops import SAMPLED, Batch
 from . import driver as cu
 from .memory import PinnedTurns
+from .ops import decode_slots
 
 # how each staged kind follows from the batch; the others ("rows") must be the same every replay
 FROM_BATCH = {"tokens": lambda b: list(b.tokens), "positions": lambda b: list(b.positions),
@@ -44,10 +45,12 @@ OVERLAP_MAX_TOKENS = 1
 def pass_shape(batch: Batch, rows: Sequence[int]) -> tuple:
     """What fixes a pass's launches: the tokens' count, segments and logits rows, where the batch
     starts in the cache, and whether its token is the device's own choice (ops.SAMPLED: read where
-    the sampler left it). A one-token pass's grids cover the whole cache, so any start but the
-    first (a fresh recurrent state) replays the same graph; a prompt's grids reach its last slot."""
+    the sampler left it). A one-token pass's grids cover its bucket of slots (ops.decode_slots), so
+    any start of the bucket but the first slot (a fresh recurrent state) replays the same graph; a
+    prompt's grids reach its last slot."""
     n = len(batch.tokens)
-    return n, (batch.start == 0) if n == 1 else batch.start, tuple(batch.segments), tuple(rows), batch.tokens is SAMPLED
+    start = (batch.start == 0, decode_slots(batch.start)) if n == 1 else batch.start
+    return n, start, tuple(batch.segments), tuple(rows), batch.tokens is SAMPLED
 
 
 class ReplayedPasses:

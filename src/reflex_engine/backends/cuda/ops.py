@@ -63,6 +63,8 @@ PREFILL_ATTENTION_MIN_TOKENS = 64  # kernels/attention_prefill.cu, 64 queries a 
 # kernels/attention.cu below that: the cache's slots split over up to 64 blocks a (query, head), at
 # least 32 slots each, their partial softmaxes in a scratch that bounds the splits of a long batch
 ATTENTION_MAX_SPLITS, ATTENTION_SPLIT_SLOTS, ATTENTION_PARTIALS_BYTES = 64, 32, 4 << 20
+# a one-token pass splits the slots up to a power of two past its own, at least this many (decode_slots)
+DECODE_MIN_SLOTS = 256
 # (query, head) pairs or GEMM tiles whose splits the last one merges (kernels/attention.cu, gemm.cu): more
 # (query, head) pairs take one split
 SPLIT_COUNTS = MAX_BATCH * 128
@@ -71,8 +73,8 @@ SPLIT_COUNTS = MAX_BATCH * 128
 # ~300 on 0.6B (whose passes the f16 path's extra launches slow), docs/perf-notes.md run 7
 F16_GEMM_MIN_TOKENS = 128
 W16_MAX_BYTES = 64 << 20  # the f16 copy of weight rows that long-prompt GEMMs work from
-# captured passes kept (graph.py): a decode step's and the last prompts'. Each holds its logits
-# (at most MATVEC_MAX_TOKENS rows) in the graph pool
+# captured passes kept (graph.py): decode steps' (one a bucket of slots, decode_slots) and the last
+# prompts'. Each holds its logits (at most MATVEC_MAX_TOKENS rows) in the graph pool
 KEPT_GRAPHS = 4
 # the per-pass ints a forward pass reads from scratch, in their order there (graph.py stages them)
 STEP_INTS = ("tokens", "positions", "segments", "start", "rows")
@@ -97,6 +99,15 @@ class Weight(NamedTuple):
     @property
     def n_rows(self) -> int:
         return self.shape[1] if len(self.shape) > 1 else 1
+
+
+def decode_slots(start: int) -> int:
+    """The slots a one-token pass into cache slot `start` splits its attention over (kernels/attention.cu),
+    the cache's capacity permitting: a power of two past start, DECODE_MIN_SLOTS at least. The kernel
+    cuts whatever slots a pass reaches evenly over its grid, so one grid serves every position of a
+    bucket and graph.py captures a decode step's graph once a bucket; the grid of the whole cache left
+    most of its blocks without slots at a short context (2,048 blocks a layer on Qwen3-8B at 4,352)."""
+    return max(DECODE_MIN_SLOTS, 1 << start.bit_length())
 
 
 def token_class(n_tok: int) -> int:
@@ -658,10 +669,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
         if t >= PREFILL_ATTENTION_MIN_TOKENS and dk == dv and dk in (64, 128):
             dev.launch("attention_prefill", (-(-t // 64), n_heads), 128, args)
         else:  # decode and short batches: blocks per (query, head) split the slots
-            # a decode step's grid is fixed (the cache's capacity), so that one captured graph replays at every
-            # position and eager steps split alike; a short prompt splits the slots it reaches (16 tokens
+            # a decode step's grid is its bucket's (decode_slots), so that one captured graph replays at every
+            # position of it and eager steps split alike; a short prompt splits the slots it reaches (16 tokens
             # into an empty cache: one split, which writes out itself, and no merge)
-            slots = cache.shape.capacity if t == 1 else batch.start + t
+            slots = min(cache.shape.capacity, decode_slots(batch.start)) if t == 1 else batch.start + t
             splits = max(1, min(ATTENTION_MAX_SPLITS, -(-slots // ATTENTION_SPLIT_SLOTS),
                                 ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
             if t * n_heads > SPLIT_COUNTS:
