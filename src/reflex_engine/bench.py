@@ -98,6 +98,7 @@ def run_bench(model, runs: int = 5, decode_tokens: int = 64, prefill_tokens=PREF
         if c + decode_tokens > model.n_ctx:
             continue
         rates, gaps = [], []
+        generate(c, 4)  # warm-up: the decode graph of this context's bucket of slots (backends/cuda/ops.py decode_slots)
         for _ in range(max(1, runs // 2)):
             gen, stamps = generate(c, decode_tokens)
             rates.append(gen.tokens_per_s)
