@@ -1,17 +1,17 @@
 """Forward passes as CUDA graphs: a pass whose shape was seen before is captured, then replayed
 whenever that shape comes again.
 
-A pass is a few hundred kernel launches, each 10-20 µs of Python and ctypes; a replay is one
-launch. Every decode step has one shape, and so has a prompt of the same length at the same
-slot (a client sending one template, a benchmark's repeats). A captured pass replays correctly
-for any tokens and positions because nothing it reads is baked into the graph except addresses
-and its shape: its activations come from a pool only graphs use, and the per-pass ints (token
-ids, positions, segments, the first cache slot, the logits rows) sit in the scratch region,
-which a copy queued before each launch fills from a pinned host buffer. Two such buffers in
-turn, each written again only once its last copy has run: a pass may be queued while the one
-before it still waits on the stream (a greedy decode's, engine.py _step), and a buffer the graph
-itself read would by then hold the later pass's ints (run 13: a greedy decode of an MoE fixture
-on the H200 now and then ran a step at the next one's position and cache slot).
+A pass is a few hundred kernel launches, each 10-20 µs of Python and ctypes; a replay is one launch.
+Every decode step into one bucket of slots (ops.decode_slots) has one shape, and so has a prompt of
+the same length at the same slot (a client sending one template, a benchmark's repeats). A captured
+pass replays correctly for any tokens and positions because nothing it reads is baked into the graph
+except addresses and its shape: its activations come from a pool only graphs use, and the per-pass
+ints (token ids, positions, segments, the first cache slot, the logits rows) sit in the scratch
+region, which a copy queued before each launch fills from a pinned host buffer. Two such buffers in
+turn, each written again only once its last copy has run: a pass may be queued while the one before
+it still waits on the stream (a greedy decode's, engine.py _step), and a buffer the graph itself
+read would by then hold the later pass's ints (run 13: a greedy decode of an MoE fixture on the H200
+now and then ran a step at the next one's position and cache slot).
 
 A capture costs an eager pass plus the graph's instantiation, so a shape is captured when it
 comes the second time, never the first: a one-shot process's prompt stays eager. Nor is it
