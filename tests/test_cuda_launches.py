@@ -192,22 +192,37 @@ def test_the_rope_of_q_and_k_writes_k_and_v_to_the_cache_for_the_attention_after
     assert launches == [("rope_f32", cache.k[0]), ("attention", None)]
 
 
-@pytest.mark.parametrize("between", ["an op", "a download", "a poison"])
-def test_a_held_rope_runs_before_anything_that_could_read_its_output(fake, between):  # noqa: F811
+@pytest.mark.parametrize("between,first", [("an op", "add_f32"), ("an upload", "upload"), ("a download", "download"),
+                                           ("a poison", "memset")])
+def test_a_held_rope_runs_before_anything_that_could_read_its_output(fake, between, first):  # noqa: F811
     """Anything else the stream does first makes the rope as it is, before it: then the attention
     stores k and v itself."""
+    lib = fake()
+
+    def marking(what):  # the stream's copies and fills, in order among the launches
+        def call(*args):
+            if lib.launches is not None:
+                lib.launches.append((what, None, None, None, None, ()))
+            return 0
+        return call
+
+    lib.cuMemcpyHtoDAsync_v2, lib.cuMemcpyDtoHAsync_v2, lib.cuMemsetD32Async = (marking(w) for w in ("upload", "download", "memset"))
+
     def then(ops, q, k, v, cache):
         if between == "an op":
             ops.add(q, q)
+        elif between == "an upload":
+            ops.from_host(np.ones((1, 8), np.float32))
         elif between == "a download":
             ops.to_host(k)
         else:
             ops.poison()
         attend(ops, q, k, v, cache)
 
-    launches, _ = rope_then(fake(), then)
-    assert launches[0] == ("rope_f32", 0)
-    assert [name for name, _ in launches[1:]] == (["add_f32"] if between == "an op" else []) + ["kv_store", "attention"]
+    launches, _ = rope_then(lib, then)
+    names = [name for name, _ in launches]
+    assert names[:3] == ["upload", "rope_f32", first]  # the rope's positions, then the rope before the rest
+    assert ("rope_f32", 0) in launches and names.count("rope_f32") == 1 and names[-2:] == ["kv_store", "attention"]
 
 
 def test_a_decode_steps_attention_splits_its_bucket_of_slots_not_the_whole_cache(fake):  # noqa: F811
