@@ -51,8 +51,8 @@ def main() -> None:
                                                              args.gemm_frag, args.frag_warps, args.rope_store, args.decode_slots)]
     except ValueError:
         sys.exit("probe_launch_shapes: every option but --runs and --n-ctx takes comma-separated integers")
-    if any(c + 64 > args.n_ctx for c in contexts):
-        sys.exit("probe_launch_shapes: a --contexts context and its 64 decoded tokens must fit in --n-ctx")
+    if any(c < 1 or c + 64 > args.n_ctx for c in contexts):
+        sys.exit("probe_launch_shapes: a --contexts context is 1 or more, and it and its 64 decoded tokens must fit in --n-ctx")
     if not all(1 <= f <= ops.FUSED_WEIGHTS for f in grid[0]) or not all(0 <= b <= ops.GEMM_BLOCKS_AN_SM for b in grid[1]) \
             or not all(m in (0, 1) for m in grid[2]) or not all(1 <= w <= ops.X16_MMA_WARPS for w in grid[3]) \
             or not all(f in (0, 1) for f in grid[4]) or not all(1 <= w <= ops.GEMM_FRAG_WARPS for w in grid[5]) \

@@ -649,9 +649,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: KVCache, layer: int, batch: Batch,
                   n_heads: int, n_kv_heads: int, scale: float) -> Tensor:
         dev, t = self.device, q.rows
-        rope = self._held_rope
-        if rope is not None and rope.outs == (q, k) and dev.take_held() is not None:
-            self._held_rope = None  # made below, writing k and v to the cache as kv_store would
+        rope = self._held_rope  # the device holds its launch back while it is set (_launch_rope clears it)
+        if rope is not None and rope.outs == (q, k):
+            dev.take_held()  # made below, writing k and v to the cache as kv_store would
+            self._held_rope = None
         else:
             rope = None
         if layer == cache.shape.kv_layers[0]:  # every layer's pass has the same slots
