@@ -15,6 +15,7 @@ import pytest
 
 import reflex_engine
 from reflex_engine.backends.cuda import device as device_module
+from reflex_engine.backends.cuda import driver
 from reflex_engine.backends.cuda import ops as ops_module
 from reflex_engine.backends.cuda.params import param_format
 from reflex_engine.gguf.constants import GGML_BLOCK, GGMLType
@@ -286,37 +287,54 @@ def test_a_short_prompts_gemm_splits_the_columns_of_weights_too_small_to_fill_th
                 assert gemm_splits([64, rows, 9000], n_cols, tiles, target)[1][1] == s
 
 
-def test_rows_of_4096_columns_or_more_take_the_tensor_core_kernels(fake, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("capability", [(9, 0), (8, 9)])
+def test_rows_of_4096_columns_or_more_take_the_tensor_core_kernels(fake, monkeypatch, capability):  # noqa: F811
     """One token's Q4_K matvec (kernels/matvec_x16_mma.cu) and a short prompt's Q4_K and Q8_0 GEMM
     (kernels/gemm_frag.cu) run on tensor cores for rows of ops.MMA_MIN_COLS columns or more; narrower rows
-    and the other types keep the int16 matvec and gemm.cu, faster there on the H200 (docs/perf-notes.md run 10)."""
-    fake()
-    names: list[str] = []
+    and the other types keep the int16 matvec and gemm.cu, faster there on the H200 (docs/perf-notes.md run 10).
+    From sm_90 on, the Q4_K matvec streams its rows through shared memory by bulk copies: at most 2 blocks
+    an SM, each with its stages' shared memory allowed; before sm_90 its blocks load them into registers."""
+    lib = fake(capability=capability)
+    launched: list[tuple[str, tuple, int]] = []
     launch = device_module.Device.launch
-    monkeypatch.setattr(device_module.Device, "launch", lambda self, name, *a, **kw: (names.append(name), launch(self, name, *a, **kw)))
+    monkeypatch.setattr(device_module.Device, "launch",
+                        lambda self, name, grid, block, args, smem=0: (launched.append((name, grid, smem)),
+                                                                       launch(self, name, grid, block, args, smem)))
+    allowed = []
+    monkeypatch.setattr(lib, "cuFuncSetAttribute", lambda fn, attr, value: allowed.append((lib._name(fn), attr, value)) or 0,
+                        raising=False)
     shapes = [(t, n_cols) for t in (GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q6_K) for n_cols in (1024, 4096)]
     ops = ops_module.CudaOps()
-    ops.reserve([(t, (n_cols, 256)) for t, n_cols in shapes], CacheShape(1, 16, 64, 64), activation_width=4 * 4096)
+    ops.reserve([(t, (n_cols, 256)) for t, n_cols in shapes] + [(GGMLType.Q4_K, (12288, 9000))], CacheShape(1, 16, 64, 64),
+                activation_width=4 * 4096)
     weights = {}
-    for t, n_cols in shapes:
+    for t, n_cols, n_rows in [(t, n_cols, 256) for t, n_cols in shapes] + [(GGMLType.Q4_K, 12288, 9000)]:
         block, size = GGML_BLOCK[t]
-        weights[t, n_cols] = ops.load_weight("w", t, (n_cols, 256), bytes(256 * n_cols // block * size))
+        weights[t, n_cols] = ops.load_weight("w", t, (n_cols, n_rows), bytes(n_rows * n_cols // block * size))
     ops.commit_weights()
     chosen = {}
     for (t, n_cols), w in weights.items():
-        for n_tok in (1, 16):
+        for n_tok in (1, 16) if n_cols < 12288 else (1,):
             x = ops.from_host(np.zeros((n_tok, n_cols), np.float32))
-            names.clear()
+            launched.clear()
             ops.matmul(x, w)
-            chosen[t.name, n_cols, n_tok] = [n for n in names if n.startswith(("gemm", "matvec"))]
-    assert chosen == {
+            chosen[t.name, n_cols, n_tok] = [(n, g[0], s) for n, g, s in launched if n.startswith(("gemm", "matvec"))]
+    bulk = capability >= (9, 0)
+    q4_k_1 = [("matvec_x16_bulk_q4_K", 8, ops_module.X16_BULK_SHARED)] if bulk else [("matvec_x16_mma_q4_K", 8, 0)]
+    # 9,000 rows: 282 groups of 32 over 2 blocks an SM of the fake's 132
+    wide_1 = [("matvec_x16_bulk_q4_K", 264, ops_module.X16_BULK_SHARED)] if bulk else [("matvec_x16_mma_q4_K", 282, 0)]
+    assert {k: [n for n, _, _ in v] for k, v in chosen.items() if k[1] != 12288} == {
         ("Q4_K", 1024, 1): ["matvec_x16_1_q4_K"], ("Q4_K", 1024, 16): ["gemm_q4_K"],
-        ("Q4_K", 4096, 1): ["matvec_x16_mma_q4_K"], ("Q4_K", 4096, 16): ["gemm_frag_q4_K"],
+        ("Q4_K", 4096, 1): [q4_k_1[0][0]], ("Q4_K", 4096, 16): ["gemm_frag_q4_K"],
         ("Q8_0", 1024, 1): ["matvec_x16_1_q8_0"], ("Q8_0", 1024, 16): ["gemm_q8_0"],
         ("Q8_0", 4096, 1): ["matvec_x16_1_q8_0"], ("Q8_0", 4096, 16): ["gemm_frag_q8_0"],
         ("Q6_K", 1024, 1): ["matvec_x16_1_q6_K"], ("Q6_K", 1024, 16): ["gemm_q6_K"],
         ("Q6_K", 4096, 1): ["matvec_x16_1_q6_K"], ("Q6_K", 4096, 16): ["gemm_q6_K"],
     }
+    assert chosen["Q4_K", 4096, 1] == q4_k_1 and chosen["Q4_K", 12288, 1] == wide_1
+    assert all(smem == 0 for k, v in chosen.items() for n, _, smem in v if "bulk" not in n)
+    assert set(allowed) == ({("matvec_x16_bulk_q4_K", driver.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ops_module.X16_BULK_SHARED),
+                             ("matvec_x16_bulk_q4_K", driver.FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)} if bulk else set())
 
 
 class StreamInOrder:

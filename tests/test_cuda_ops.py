@@ -249,6 +249,46 @@ def test_matmuls_equal_the_matmuls_one_by_one(gpu, kinds, n_cols):
             np.testing.assert_array_equal(b, a, err_msg=f"weight {i} of {kinds}, {n_tok} tokens")
 
 
+@pytest.mark.parametrize("rows,n_cols", [([300, 40, 64], 4096), ([9000], 4096), ([4100, 70], 12288)],
+                         ids=["fused", "groups-a-block", "wide"])
+def test_bulk_matvec_is_the_register_matvec_to_the_bit(monkeypatch, rows, n_cols):
+    """From sm_90 on, one token's Q4_K matvec streams its rows through shared memory (matvec_x16_bulk_q4_K):
+    a grid of 2 blocks an SM, each walking its groups of 32 rows (9,000 rows: some blocks two groups) and
+    each group's stages of 8 superblocks through a ring of 3 (12,288 columns: 6 a group). Every lane sums
+    the same superblocks in the same order as the register kernel's, so the products are its bits, the
+    residual summed in too, and the reference's on the int16-rounded x to float32 summation."""
+    from reflex_engine.backends.cuda import CudaOps
+
+    gpu = CudaOps()  # its own weights region: these are large
+    if not gpu._bulk_copies:
+        pytest.skip("bulk copies need sm_90 or later")
+    gpu.reserve([(GGMLType.Q4_K, (n_cols, n)) for n in rows], CacheShape(1, 16, 64, 64), activation_width=2 * max(rows + [n_cols]))
+    weights = [both(gpu, "Q4_K", n, n_cols) for n in rows]
+    x = rng.standard_normal((1, n_cols)).astype(np.float32)
+    r = rng.standard_normal((1, rows[0])).astype(np.float32)
+    launched = []
+    launch = gpu.device.launch
+    monkeypatch.setattr(gpu.device, "launch", lambda name, *a: (launched.append(name), launch(name, *a)))
+
+    def products():
+        xt = host(gpu, x)
+        together = [gpu.to_host(y) for y in gpu.matmuls(xt, [w for _, w in weights])]
+        return together, gpu.to_host(gpu.matmul(xt, weights[0][1], add=gpu.from_host(r)))
+
+    bulk, bulk_added = products()
+    assert "matvec_x16_bulk_q4_K" in launched and "matvec_x16_mma_q4_K" not in launched
+    gpu._bulk_copies = False
+    gpu._plans.clear()
+    launched.clear()
+    register, register_added = products()
+    assert "matvec_x16_mma_q4_K" in launched and "matvec_x16_bulk_q4_K" not in launched
+    for (w_cpu, _), got, want in zip(weights, bulk, register):
+        np.testing.assert_array_equal(got, want)
+        assert rel_err(got, cpu.matmul(x16_rounded(x), w_cpu).astype(np.float64)) < 1e-5
+    np.testing.assert_array_equal(bulk_added, register_added)
+    np.testing.assert_array_equal(bulk_added, r + bulk[0])
+
+
 def test_long_prompt_matmul_on_the_large_tiles():
     """A grid big enough for gemm_f16's 128 x 128 tiles (the tests above take its 64 x 64 ones)."""
     from reflex_engine.backends.cuda import CudaOps

@@ -147,3 +147,148 @@ extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, 2)
     matvec_mma_q4_K(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS,
                     pick(i, rows0, rows1, rows2), n_cols);
 }
+
+// The same products with the weights streamed into shared memory by the copy engine (sm_90's
+// cp.async.bulk): the register kernel above asks for a superblock, waits, multiplies, asks for the
+// next, so its SMs idle between its warps' round trips and reach ~2.5 TB/s on the H200 (docs/perf-notes.md,
+// runs 10-15); here a block's next XB_STAGES stages are in flight while it multiplies one, its
+// grid fills the SMs XB_BLOCKS_AN_SM deep and each block walks its groups of 32 rows in turn, so
+// memory never waits for the multiplies. A stage is 32 rows x XB_STAGE_SUPERS superblocks (one a
+// warp), a row's segment one bulk copy (lane r of warp 0 copies row r) onto an mbarrier; the even
+// rows' segments lie first, then the odd rows' 64 bytes further on, so the 8 lanes of a 16-byte
+// shared load (rows g and g + 1, 64 bytes each) touch 32 different banks.
+constexpr int XB_STAGE_SUPERS = XM_WARPS;
+constexpr int XB_STAGES = 3;  // a block's ring of stages
+constexpr int XB_BLOCKS_AN_SM = 2;
+constexpr int XB_SEG = XB_STAGE_SUPERS * (int)sizeof(block_q4_K);  // a row's bytes in a stage
+constexpr int XB_ODD = (XM_ROWS / 2) * XB_SEG + 64;  // where a stage's odd rows begin
+constexpr int XB_STAGE_BYTES = XB_ODD + (XM_ROWS / 2) * XB_SEG;
+static_assert(XB_SEG % 16 == 0 && XB_ODD % 128 == 64 && XB_STAGE_BYTES % 16 == 0, "bulk copies move 16-byte units");
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// An mbarrier for one arrival (the producing lane's) and the bytes its copies bring.
+__device__ __forceinline__ void bulk_barrier_init(uint64_t* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar)));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+// bytes global -> shared on the copy engine, counted on bar; the stage's producer first announces
+// the stage's bytes (bulk_expect).
+__device__ __forceinline__ void bulk_expect(uint64_t* bar, uint32_t bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(shared_address(dst)), "l"(src), "r"(bytes), "r"(shared_address(bar)) : "memory");
+#else
+    __trap();
+#endif
+}
+
+// Until bar's phase of that parity has completed: its stage's bytes have all arrived.
+__device__ __forceinline__ void bulk_wait(uint64_t* bar, uint32_t parity) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{\n .reg .pred done;\n WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 " @!done bra WAIT;\n}" ::"r"(shared_address(bar)), "r"(parity) : "memory");
+#endif
+}
+
+// Row r's segment of a stage.
+__device__ __forceinline__ uint8_t* stage_row(uint8_t* stage, int r) { return stage + (r % 2 ? XB_ODD : 0) + (r / 2) * XB_SEG; }
+
+// What matvec_mma_q4_K's lane loads of its superblock, from a stage: local superblock `sl` of its rows.
+__device__ __forceinline__ void load_staged(XmPart& p, uint8_t* stage, int sl, int g, int c) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const uint4* b = reinterpret_cast<const uint4*>(stage_row(stage, g + 8 * r) + sizeof(block_q4_K) * sl);
+        p.head[r] = b[0], p.qs[r][0] = b[1 + c], p.qs[r][1] = b[5 + c];
+    }
+}
+
+// Every group of 32 rows blockIdx.x + k·gridDim.x of the fused weights (common.cuh fused_part); every
+// thread of the block calls it. Its stages' copies start before the wait for the kernel before.
+__device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2,
+                                                 const uint8_t* __restrict__ xq, const float2* __restrict__ xds,
+                                                 float* y0, float* y1, float* y2, const float* __restrict__ add,
+                                                 int rows0, int rows1, int rows2, int n_cols) {
+    extern __shared__ __align__(128) uint8_t stages[];
+    __shared__ uint64_t full[XB_STAGES];
+    __shared__ float partial[2][XM_WARPS][XM_ROWS];  // by the group's parity: the last one's may still be read
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int g = lane / 4, c = lane % 4, per_group = n_cols / 256 / XB_STAGE_SUPERS;
+    const int n_groups = (rows0 + XM_ROWS - 1) / XM_ROWS + (rows1 + XM_ROWS - 1) / XM_ROWS + (rows2 + XM_ROWS - 1) / XM_ROWS;
+    const int n_steps = (n_groups - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * per_group;
+    const size_t stride = row_bytes<block_q4_K>(n_cols);
+    if (threadIdx.x == 0)
+        for (int i = 0; i < XB_STAGES; ++i) bulk_barrier_init(&full[i]);
+    __syncthreads();
+
+    // step k: stage k % per_group of the block's group k / per_group, in slot k % XB_STAGES
+    auto group_of = [&](int k, int& i) {
+        int u = blockIdx.x + k / per_group * gridDim.x;
+        i = fused_part(u, XM_ROWS, rows0, rows1);
+        return u;
+    };
+    auto issue = [&](int k) {  // warp 0
+        int i;
+        const int u = group_of(k, i), n_rows = pick(i, rows0, rows1, rows2);
+        uint64_t* bar = &full[k % XB_STAGES];
+        if (lane == 0) bulk_expect(bar, XM_ROWS * XB_SEG);
+        __syncwarp();
+        const uint8_t* row = pick(i, W0, W1, W2) + (size_t)min(u * XM_ROWS + lane, n_rows - 1) * stride;  // past n_rows: never stored
+        bulk_copy(stage_row(stages + k % XB_STAGES * XB_STAGE_BYTES, lane), row + (size_t)(k % per_group) * XB_SEG, XB_SEG, bar);
+    };
+    if (warp == 0)
+        for (int k = 0; k < min(XB_STAGES, n_steps); ++k) issue(k);
+    follow_previous_kernel();
+
+    const int own_mma = c / 2 == g / 2 % 2 ? 2 * (g / 4) + g % 2 : -1;
+    float acc[4] = {};
+    for (int k = 0; k < n_steps; ++k) {
+        bulk_wait(&full[k % XB_STAGES], k / XB_STAGES % 2);
+        XmPart part;
+        load_staged(part, stages + k % XB_STAGES * XB_STAGE_BYTES, warp, g, c);
+        load_x(part, xq, xds, k % per_group * XB_STAGE_SUPERS + warp, g, c, own_mma >= 0);
+        multiply_part(part, c, own_mma, acc);
+        const bool last = k % per_group == per_group - 1;
+        float(&mine)[XM_WARPS][XM_ROWS] = partial[k / per_group % 2];
+        if (last) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {  // the row's 4 lanes, then the warps in order
+                float v = acc[r];
+                v += __shfl_xor_sync(0xffffffffu, v, 1);
+                v += __shfl_xor_sync(0xffffffffu, v, 2);
+                if (c == 0) mine[warp][g + 8 * r] = v;
+                acc[r] = 0.0f;
+            }
+        }
+        __syncthreads();  // the slot is free, the group's partial sums are in
+        if (last && threadIdx.x < XM_ROWS) {
+            int i;
+            const int row = group_of(k, i) * XM_ROWS + threadIdx.x;
+            if (row < pick(i, rows0, rows1, rows2)) {
+                float v = 0.0f;
+                for (int w = 0; w < XM_WARPS; ++w) v += mine[w][threadIdx.x];
+                pick(i, y0, y1, y2)[row] = i == 0 && add ? add[row] + v : v;
+            }
+        }
+        if (warp == 0 && k + XB_STAGES < n_steps) issue(k + XB_STAGES);
+    }
+}
+
+// As matvec_x16_mma_q4_K, sm_90 on, for n_cols % (256 · XB_STAGE_SUPERS) == 0 and weights at 16-byte
+// addresses (bulk copies).
+// LAUNCH: block = 32 · XM_WARPS; grid = min(Σ ceil(rows_i / XM_ROWS), XB_BLOCKS_AN_SM · SMs); dynamic
+// shared memory XB_STAGES · XB_STAGE_BYTES.
+extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, XB_BLOCKS_AN_SM)
+    matvec_x16_bulk_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds,
+                         float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols) {
+    matvec_bulk_q4_K(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols);
+}

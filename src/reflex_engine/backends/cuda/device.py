@@ -115,6 +115,13 @@ class Device:
             self._functions[name] = fn
         return fn
 
+    def allow_shared(self, name: str, nbytes: int) -> None:
+        """Let kernel `name` take nbytes of dynamic shared memory a block (past 48 KB a kernel must be
+        allowed), the SMs' L1 and shared memory split as far towards shared memory as it goes."""
+        fn = self.function(name)
+        self.drv.cuFuncSetAttribute(fn, cu.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
+        self.drv.cuFuncSetAttribute(fn, cu.FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+
     def _launch_config(self) -> cu.LaunchConfig | None:
         """On sm_90+, the configuration of launches while `overlap_launches` is set: programmatic
         stream serialization lets a kernel's blocks start while the kernel before it finishes (each

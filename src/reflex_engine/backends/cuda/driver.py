@@ -27,6 +27,8 @@ EVENT_DISABLE_TIMING = 2
 HOST_REGISTER_READ_ONLY = 8
 STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
 LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
 
 CUdeviceptr = c_uint64
 
@@ -77,6 +79,7 @@ _SIGNATURES = {
     "cuModuleLoadData": (POINTER(c_void_p), c_void_p),
     "cuModuleUnload": (c_void_p,),
     "cuModuleGetFunction": (POINTER(c_void_p), c_void_p, c_char_p),
+    "cuFuncSetAttribute": (c_void_p, c_int, c_int),
     "cuLaunchKernel": (c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p,
                        POINTER(c_void_p), POINTER(c_void_p)),
     "cuLaunchKernelEx": (POINTER(LaunchConfig), c_void_p, POINTER(c_void_p), POINTER(c_void_p)),

@@ -32,6 +32,13 @@ X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a ti
 # int16 blocks to the same integer sums: 32 rows a block, a warp per 256 columns of its rows, at most 8
 X16_MMA_TYPES = (GGMLType.Q4_K,)
 X16_MMA_ROWS, X16_MMA_WARPS = 32, 8
+# its sm_90 form (matvec_x16_bulk_<type>): the weights streamed into shared memory by bulk copies, stages of
+# 32 rows x 256 · X16_MMA_WARPS columns, X16_BULK_STAGES of them a block in flight, X16_BULK_BLOCKS_AN_SM
+# blocks an SM walking their groups of rows in turn; for rows of whole stages at 16-byte addresses
+X16_BULK_TYPES = (GGMLType.Q4_K,)
+X16_BULK_STAGES, X16_BULK_BLOCKS_AN_SM = 3, 2
+X16_BULK_STAGE_COLS = 256 * X16_MMA_WARPS
+X16_BULK_SHARED = X16_BULK_STAGES * (X16_MMA_ROWS * X16_MMA_WARPS * 144 + 64)  # 144: a Q4_K block's bytes
 # the tensor-core matvec and short-prompt GEMM (kernels/gemm_frag.cu) take rows of at least this many columns:
 # narrower, their blocks (32 rows, a warp per 256 columns) are too few and short (H200, Qwen3-0.6B, mostly
 # 1,024 columns: decode 978-1,012 tok/s against 1,061, prefill 16 6.5 ms against 5.1; Qwen3-8B, 4,096 and
@@ -123,13 +130,14 @@ class Group(NamedTuple):
     every argument that does not change between calls, made once."""
     path: str  # "x16", "blocks" or "frag" (FUSED_PATHS)
     kernel: str
-    units: int  # blocks over all the rows
+    units: int  # blocks over all the rows (the bulk matvec's: at most its blocks an SM, each walking several)
     threads: int
     weights: tuple  # the arguments before the products: W0, W1, W2 (absent: 0), then xq, xds for "x16"
     rows: tuple  # after them: rows0, rows1, rows2 (absent: 0), n_cols
     absent: list[int]  # 0 for each absent weight's product
     n_rows: list[int]
     splits: dict[int, tuple]  # "blocks": token tiles of 32 -> (grid z, each weight's splits), gemm_splits on first use
+    shared: int = 0  # dynamic shared memory a block
 
 
 def gemm_splits(n_rows: Sequence[int], n_cols: int, tiles: int, target: int) -> tuple[int, tuple[int, int, int]]:
@@ -219,6 +227,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._readback = None  # pinned slots the sampler reads its device-made choices back through (cuda/sampler.py), made at its first `ahead`
         self._held_rope: HeldRope | None = None  # q and k's rope while the device holds its launch back
         self.graphs = os.environ.get("REFLEX_CUDA_GRAPHS") != "0"  # replay repeated passes as CUDA graphs
+        self._bulk_copies = self.device.info.compute_capability >= (9, 0)  # cp.async.bulk: the bulk matvec
 
     @property
     def description(self) -> str:
@@ -501,18 +510,25 @@ class CudaOps(ExpertOps, DeltaNetOps):
         """A run's launch: made when the run is first multiplied, once its weights have arrived."""
         absent, rows, n_cols = FUSED_WEIGHTS - len(group), [w.n_rows for w in group], group[0].n_cols
         weights, suffix = (*[self._ready(w) for w in group], *(0,) * absent), kernel_suffix(group[0].ggml_type)
+        shared, most = 0, None  # dynamic shared memory a block; the most blocks a launch
         if path == "blocks":  # kernels/gemm.cu: 32 rows x 32 tokens a block, straight from the GGUF blocks
             kernel, per, threads = f"gemm_{suffix}", 32, 256
         elif path == "frag":
             kernel, per, threads = f"gemm_frag_{suffix}", GEMM_FRAG_ROWS, 32 * min(GEMM_FRAG_WARPS, n_cols // 256)
         elif n_tok == 1 and group[0].ggml_type in X16_MMA_TYPES and n_cols >= MMA_MIN_COLS:
             kernel, per, threads = f"matvec_x16_mma_{suffix}", X16_MMA_ROWS, 32 * min(X16_MMA_WARPS, n_cols // 256)
+            if self._bulk_copies and group[0].ggml_type in X16_BULK_TYPES and n_cols % X16_BULK_STAGE_COLS == 0 \
+                    and all(w % 16 == 0 for w in weights[:len(group)]):
+                kernel, threads, shared = f"matvec_x16_bulk_{suffix}", 32 * X16_MMA_WARPS, X16_BULK_SHARED
+                most = X16_BULK_BLOCKS_AN_SM * self.device.info.multiprocessors
+                self.device.allow_shared(kernel, shared)
             weights = (*weights, self._xq, self._xds)
         else:  # kernels/matvec_x16.cu: 2 rows a block (one token: 4), a warp per 1,024 columns (32 units), at most 4
             kernel, per = (f"matvec_x16_1_{suffix}", X16_DECODE_ROWS) if n_tok == 1 else (f"matvec_x16_{suffix}", 2)
             weights, threads = (*weights, self._xq, self._xds), 32 * min(4, -(-n_cols // 1024))
-        return Group(path, kernel, sum(-(-r // per) for r in rows), threads, weights, (*rows, *(0,) * absent, n_cols),
-                     [0] * absent, rows, {})
+        units = sum(-(-r // per) for r in rows)
+        return Group(path, kernel, min(units, most or units), threads, weights, (*rows, *(0,) * absent, n_cols),
+                     [0] * absent, rows, {}, shared)
 
     def _matmul(self, x: Tensor, plan: list[Group | tuple[Weight, str]], add: Tensor | None = None) -> list[Tensor]:
         """The plan's launches; add summed into the one product there is where given."""
@@ -549,7 +565,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 dev.launch("quantize_x16", (-(-n // 1024),), 256, (x.ptr, self._xq, self._xds, n))
                 self._x16_of = (x, n)
             if x.rows == 1:
-                dev.launch(g.kernel, (g.units,), g.threads, (*g.weights, *products, *g.rows))
+                dev.launch(g.kernel, (g.units,), g.threads, (*g.weights, *products, *g.rows), g.shared)
             else:
                 dev.launch(g.kernel, (g.units, -(-x.rows // MATVEC_MAX_TOKENS)), g.threads, (*g.weights, *products, *g.rows, x.rows))
         return outs

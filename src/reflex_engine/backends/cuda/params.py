@@ -16,6 +16,7 @@ FAMILIES = {
     "matvec_x16": "PPPPPPPPPiiiii",  # matvec_x16.cu
     "matvec_x16_1": "PPPPPPPPPiiii",
     "matvec_x16_mma": "PPPPPPPPPiiii",  # matvec_x16_mma.cu
+    "matvec_x16_bulk": "PPPPPPPPPiiii",
     "stacked_matvec": "PqPPPiiiii",  # moe.cu
     "experts_down": "PqPPPPiii",
 }
