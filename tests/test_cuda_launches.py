@@ -228,8 +228,8 @@ def test_a_held_rope_runs_before_anything_that_could_read_its_output(fake, betwe
 
 def test_a_decode_steps_attention_splits_its_bucket_of_slots_not_the_whole_cache(fake):  # noqa: F811
     """One token's attention grid covers the slots up to a power of two past its own (256 at least,
-    the cache's capacity at most), 32 a split and 64 splits at most; so does its graph's shape, which a
-    step replays until the next bucket's. Prompts split the slots they reach."""
+    the cache's capacity at most), 128 a split but 8 splits at least (of 32 slots at least), 64 at most; so
+    does its graph's shape, which a step replays until the next bucket's. Prompts split the slots they reach."""
     from reflex_engine.backends.cuda.graph import pass_shape
 
     lib = fake()
@@ -243,7 +243,7 @@ def test_a_decode_steps_attention_splits_its_bucket_of_slots_not_the_whole_cache
         lib.launches = []
         ops.attention(q, kv, kv, cache=cache, layer=0, batch=Batch.causal([0], start), n_heads=4, n_kv_heads=1, scale=0.1)
         splits[start] = next(grid for name, grid, *_ in lib.launches if name == "attention")[2]
-    assert splits == {0: 8, 100: 8, 255: 8, 256: 16, 1000: 32, 3000: 64, 4351: 64}
+    assert splits == {0: 8, 100: 8, 255: 8, 256: 8, 1000: 8, 3000: 32, 4351: 34}
     one = [pass_shape(Batch.causal([0], start), [0]) for start in (1, 100, 255, 256, 511, 512)]
     assert one[0] == one[1] == one[2] != one[3] == one[4] != one[5]
     assert pass_shape(Batch.causal([0], 0), [0]) != one[0]  # a fresh recurrent state

@@ -70,6 +70,10 @@ PREFILL_ATTENTION_MIN_TOKENS = 64  # kernels/attention_prefill.cu, 64 queries a 
 # kernels/attention.cu below that: the cache's slots split over up to 64 blocks a (query, head), at
 # least 32 slots each, their partial softmaxes in a scratch that bounds the splits of a long batch
 ATTENTION_MAX_SPLITS, ATTENTION_SPLIT_SLOTS, ATTENTION_PARTIALS_BYTES = 64, 32, 4 << 20
+# splits of ATTENTION_SPLIT_TARGET slots, but ATTENTION_MIN_SPLITS where the slots allow: H200, Qwen3 0.6B and 8B
+# Q4_K_M, decode tok/s at a 128-token context (256 slots) 1,243 / 388 with 8 splits, 1,088 / 367 with 1; at 4,096
+# (4,352 slots) 829 / 291 with 64, 890 / 309 with 34 (docs/perf-notes.md run 16)
+ATTENTION_SPLIT_TARGET, ATTENTION_MIN_SPLITS = 128, 8
 # a one-token pass splits the slots up to a power of two past its own, at least this many (decode_slots)
 DECODE_MIN_SLOTS = 256
 # (query, head) pairs or GEMM tiles whose splits the last one merges (kernels/attention.cu, gemm.cu): more
@@ -690,8 +694,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
             # position of it and eager steps split alike; a short prompt splits the slots it reaches (16 tokens
             # into an empty cache: one split, which writes out itself, and no merge)
             slots = min(cache.shape.capacity, decode_slots(batch.start)) if t == 1 else batch.start + t
-            splits = max(1, min(ATTENTION_MAX_SPLITS, -(-slots // ATTENTION_SPLIT_SLOTS),
-                                ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
+            splits = max(-(-slots // ATTENTION_SPLIT_TARGET), min(ATTENTION_MIN_SPLITS, -(-slots // ATTENTION_SPLIT_SLOTS)))
+            splits = max(1, min(ATTENTION_MAX_SPLITS, splits, ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
             if t * n_heads > SPLIT_COUNTS:
                 splits = 1
             # out's int16 blocks beside it, from the one split or the last of several to finish (their merge)
