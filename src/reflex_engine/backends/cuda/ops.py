@@ -12,7 +12,7 @@ import os
 from typing import NamedTuple, Sequence
 
 from ...errors import ReflexError
-from ...gguf import GGMLType, tensor_nbytes
+from ...gguf import GGML_BLOCK, GGMLType, tensor_nbytes
 from ...ops import SAMPLED, Batch, CacheShape, Rope, RopeMode, StateArray
 from .delta_net import DeltaNetOps, RecurrentState, carve_states, check_shape, chunk_scratch_bytes
 from .device import Device
@@ -38,7 +38,7 @@ X16_MMA_ROWS, X16_MMA_WARPS = 32, 8
 X16_BULK_TYPES = (GGMLType.Q4_K,)
 X16_BULK_STAGES, X16_BULK_BLOCKS_AN_SM = 3, 2
 X16_BULK_STAGE_COLS = 256 * X16_MMA_WARPS
-X16_BULK_SHARED = X16_BULK_STAGES * (X16_MMA_ROWS * X16_MMA_WARPS * 144 + 64)  # 144: a Q4_K block's bytes
+X16_BULK_SHARED = X16_BULK_STAGES * (X16_MMA_ROWS * X16_MMA_WARPS * GGML_BLOCK[GGMLType.Q4_K][1] + 64)
 # the tensor-core matvec and short-prompt GEMM (kernels/gemm_frag.cu) take rows of at least this many columns:
 # narrower, their blocks (32 rows, a warp per 256 columns) are too few and short (H200, Qwen3-0.6B, mostly
 # 1,024 columns: decode 978-1,012 tok/s against 1,061, prefill 16 6.5 ms against 5.1; Qwen3-8B, 4,096 and
