@@ -226,6 +226,51 @@ def test_a_held_rope_runs_before_anything_that_could_read_its_output(fake, betwe
     assert ("rope_f32", 0) in launches and names.count("rope_f32") == 1 and names[-2:] == ["kv_store", "attention"]
 
 
+def norm_between_matvecs(lib, then):
+    """The launches of one token's Q4_K matvec (256 x 256) with the residual summed in, an RMSNorm of its
+    product, then of then(ops, normed, weight); each as (kernel, whether it writes a norm's share, whether it
+    reads one's output): a matvec's norm_w and x_sums, norm_f32's xq (its int16 blocks)."""
+    ops = ops_module.CudaOps()
+    ops.reserve([(GGMLType.Q4_K, (256, 256)), (GGMLType.F32, (256,))], CacheShape(1, 16, 64, 64), activation_width=2048)
+    w = ops.load_weight("w", GGMLType.Q4_K, (256, 256), bytes(256 * 144))
+    norm = ops.load_weight("norm", GGMLType.F32, (256,), np.ones(256, np.float32).tobytes())
+    ops.commit_weights()
+    x, residual = ops.from_host(np.ones((1, 256), np.float32)), ops.from_host(np.ones((1, 256), np.float32))
+    lib.launches = []
+    normed = ops.rms_norm(ops.matmul(x, w, add=residual), norm, 1e-6)
+    then(ops, normed, w)
+    ops.device.synchronize()
+
+    def arg(args, i):
+        return int.from_bytes(args[i], "little") != 0
+
+    matvec = param_format("matvec_x16_1_q4_K").index("Pf")  # x_sums, eps, then norm_w
+    return [(name, arg(args, matvec + 2), arg(args, matvec)) if name.startswith("matvec") else
+            (name, arg(args, 5) if name == "norm_f32" else None, None) for name, *_, args in lib.launches]
+
+
+def test_a_norm_between_one_tokens_matvecs_is_theirs(fake):  # noqa: F811
+    """The matvec making the norm's input writes the int16 blocks of x∘w and each group's sum of squares,
+    the matvecs reading its output scale their sums by the norm's: no norm launch (x16.cuh NormOut). Its
+    float values are made, without int16 blocks, only once something asks for their address."""
+    launches = norm_between_matvecs(fake(), lambda ops, normed, w: ops.matmuls(normed, [w, w]))
+    assert launches == [("quantize_x16", None, None), ("matvec_x16_1_q4_K", True, False), ("matvec_x16_1_q4_K", False, True)]
+
+    def then_read(ops, normed, w):
+        ops.matmul(normed, w)
+        ops.to_host(normed)
+
+    launches = norm_between_matvecs(fake(), then_read)
+    assert launches[1:] == [("matvec_x16_1_q4_K", True, False), ("matvec_x16_1_q4_K", False, True), ("norm_f32", False, None)]
+
+
+def test_a_norm_whose_output_something_else_reads_first_runs_as_it_is(fake):  # noqa: F811
+    """Any other op first makes the held matvec and the norm as they are, before it."""
+    launches = norm_between_matvecs(fake(), lambda ops, normed, w: ops.matmul(ops.add(normed, normed), w))
+    assert [name for name, *_ in launches[1:]] == ["matvec_x16_1_q4_K", "norm_f32", "add_f32", "quantize_x16", "matvec_x16_1_q4_K"]
+    assert launches[1] == ("matvec_x16_1_q4_K", False, False) and launches[2] == ("norm_f32", True, None)
+
+
 def test_a_decode_steps_attention_splits_its_bucket_of_slots_not_the_whole_cache(fake):  # noqa: F811
     """One token's attention grid covers the slots up to a power of two past its own (256 at least,
     the cache's capacity at most), 128 a split but 8 splits at least (of 32 slots at least), 64 at most; so
@@ -262,6 +307,9 @@ def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
     # last split to finish merges them: no launch of its own
     assert names.count("attention") == 2 and "attention_combine" not in names
     assert "take_rows_f32" not in names  # its one row is the logits row: nothing to take
+    # the norms after o and down (ffn, the next layer's attention, the output's) are theirs and the next
+    # matvecs': only the first layer's, after the embedding, is a launch of its own
+    assert names.count("norm_f32") == 1 and "quantize_x16" not in names
 
 
 def test_a_short_prompts_gemm_splits_the_columns_of_weights_too_small_to_fill_the_gpu():

@@ -213,6 +213,44 @@ def test_ops_that_feed_a_matvec_leave_it_their_int16_blocks_bit_for_bit(gpu):
             np.testing.assert_array_equal(got, want, err_msg=f"{op}, {n_tok} tokens")
 
 
+@pytest.mark.parametrize("qtype,width,n_ff", [("Q4_K", 1024, 512), ("Q6_K", 1024, 768), ("Q8_0", 512, 1024), ("Q4_K", 4096, 4096)],
+                         ids=["q4_K", "q6_K", "q8_0", "tensor-cores"])
+def test_a_norm_between_one_tokens_matvecs_is_theirs_within_int16_rounding(gpu, monkeypatch, qtype, width, n_ff):
+    """down (n_ff -> width, the residual summed in), the norm of its product, then gate and up (two types:
+    two launches) in a one-token pass: down writes the int16 blocks of y∘w and each group's sum of squares
+    (kernels/x16.cuh NormOut), gate and up scale their sums by the norm's. Their products are the
+    reference's norm then matvec to int16 rounding, as the norm's launch gives them; y is the same bits,
+    and the norm's float values, when they are read, are norm_f32's own."""
+    down, gate, up = both(gpu, qtype, width, n_ff), both(gpu, qtype, n_ff, width), both(gpu, "Q4_K", n_ff, width)
+    norm = rng.standard_normal(width).astype(np.float32)
+    norm_gpu = loaded(gpu, "n", GGMLType.F32, (width,), norm.tobytes())
+    h, r = rng.standard_normal((1, n_ff)).astype(np.float32), rng.standard_normal((1, width)).astype(np.float32) * 3
+    launched = []
+    launch = gpu.device.launch
+    monkeypatch.setattr(gpu.device, "launch", lambda name, *a: (launched.append(name), launch(name, *a)))
+    runs = {}
+    try:
+        for fused in (True, False):
+            gpu.fuse_norms = fused
+            launched.clear()
+            y = gpu.matmul(host(gpu, h), down[1], add=gpu.from_host(r))
+            normed = gpu.rms_norm(y, norm_gpu, 1e-6)
+            products = [gpu.to_host(p) for p in gpu.matmuls(normed, [gate[1], up[1]])]
+            assert ("norm_f32" in launched) != fused, fused
+            runs[fused] = products, gpu.to_host(normed), gpu.to_host(y)
+    finally:
+        gpu.fuse_norms = True
+    (fused_products, fused_normed, fused_y), (products, normed, y) = runs[True], runs[False]
+    np.testing.assert_array_equal(fused_y, y)
+    np.testing.assert_array_equal(fused_normed, normed)
+    y_ref = r + cpu.matmul(x16_rounded(h), down[0])
+    normed_ref = cpu.rms_norm(y_ref, norm, 1e-6)
+    for (w_cpu, _), got, unfused in zip((gate, up), fused_products, products):
+        assert rel_err(unfused, cpu.matmul(x16_rounded(normed_ref), w_cpu).astype(np.float64)) < 2e-5
+        assert rel_err(got, cpu.matmul(normed_ref, w_cpu).astype(np.float64)) < 1e-4
+        assert rel_err(got, unfused.astype(np.float64)) < 1e-4
+
+
 @pytest.mark.parametrize("qtype,n_rows,n_cols", [("Q4_K", 96, 512), ("Q8_0", 300, 512), ("Q4_1", 96, 512), ("F16", 300, 512),
                                                  ("Q4_K", 70, 4096)])  # int16 and float passes (one token: tensor cores); GEMMs
 def test_matmul_sums_the_residual_it_is_given_into_the_product(gpu, qtype, n_rows, n_cols):

@@ -76,12 +76,13 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 }
 
 // A matvec block's end: every thread's partial dot products acc[r][t] (row r0 + r, token t), summed
-// over each warp, then over the block's warps through `partial`, into y (n_tok, n_rows), plus add (as y)
-// where given: the residual stream. Every thread of the block calls it.
+// over each warp, then over the block's warps through `partial`, times scale (x16.cuh norm_scale: 1 but for
+// a norm's readers), into y (n_tok, n_rows), plus add (as y) where given: the residual stream. Every thread
+// of the block calls it.
 template <int ROWS, int TOKENS, int WARPS>
 __device__ __forceinline__ void store_row_sums(const float (&acc)[ROWS][TOKENS], float (&partial)[WARPS][ROWS][TOKENS],
                                                float* __restrict__ y, int r0, int n_rows, int n_tok,
-                                               const float* __restrict__ add = nullptr) {
+                                               const float* __restrict__ add = nullptr, float scale = 1.0f) {
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
 #pragma unroll
     for (int t = 0; t < TOKENS; ++t) {
@@ -98,6 +99,7 @@ __device__ __forceinline__ void store_row_sums(const float (&acc)[ROWS][TOKENS],
         float s = 0.0f;
         for (int w = 0; w < (int)blockDim.x / WARP; ++w) s += partial[w][r][t];
         const size_t at = (size_t)t * n_rows + r0 + r;
+        s *= scale;
         y[at] = add ? add[at] + s : s;
     }
 }

@@ -195,11 +195,13 @@ __device__ __forceinline__ void prefetch_unit(const uint8_t* row, int u, int n_u
 
 // Rows r0.. r0 + ROWS - 1 of y for n_tok tokens; every thread of the block calls it, and it waits for the
 // kernel before (follow_previous_kernel) once the thread's first unit of weights, which no kernel writes,
-// is asked for: a block launched while that kernel runs has them in flight meanwhile.
+// is asked for: a block launched while that kernel runs has them in flight meanwhile. x_sums: x is a
+// norm's output (x16.cuh NormOut), its sums there.
 template <class B, int ROWS, int TOKENS>
 __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const uint8_t* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y, const float* __restrict__ add,
-                                          int r0, int n_rows, int n_cols, int n_tok) {
+                                          int r0, int n_rows, int n_cols, int n_tok, const float* x_sums = nullptr,
+                                          float eps = 0.0f) {
     using T = x16_type<B>;
     __shared__ float partial[X16_THREADS / WARP][ROWS][TOKENS];
     const int n_units = n_cols / 32;
@@ -239,7 +241,7 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
         }
     }
 
-    store_row_sums(acc, partial, y, r0, n_rows, n_tok, add);
+    store_row_sums(acc, partial, y, r0, n_rows, n_tok, add, x_sums ? norm_scale(x_sums, n_cols, eps) : 1.0f);
 }
 
 // y_i (n_tok, rows_i) = x_deq · W_iᵀ for the launch's weights (common.cuh fused_part; + add, as y0, where not
@@ -249,6 +251,8 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
 // LAUNCH: block = 32 · min(4, ceil(n_cols / 1024)) threads (a multiple of 32, at most X16_THREADS);
 // grid = (Σ ceil(rows_i / X16_ROWS), ceil(n_tok / 8)); n_cols a multiple of the type's block. 5 blocks an SM, as matvec.cu.
 // matvec_x16_1_<type>: the same for one token, X16_DECODE_ROWS rows a block; grid = Σ ceil(rows_i / X16_DECODE_ROWS).
+// It may read a norm's output (x_sums, eps) and, with one weight of whole groups of 32 rows, write the next
+// norm's share (norm_w ...: x16.cuh NormOut).
 #define MATVEC_X16_KERNEL(name, B)                                                                          \
     extern "C" __global__ void __launch_bounds__(X16_THREADS, 5)                                            \
         matvec_x16_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,       \
@@ -265,11 +269,16 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
     extern "C" __global__ void __launch_bounds__(X16_THREADS, 4)                                            \
         matvec_x16_1_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,     \
                             const float2* xds, float* y0, float* y1, float* y2, const float* add, int rows0, \
-                            int rows1, int rows2, int n_cols) {                                             \
+                            int rows1, int rows2, int n_cols, const float* x_sums, float eps,               \
+                            const float* norm_w, uint8_t* norm_xq, float2* norm_xds, float* norm_sums,      \
+                            int* tickets) {                                                                 \
         int u = blockIdx.x;                                                                                 \
         const int i = fused_part(u, X16_DECODE_ROWS, rows0, rows1);                                         \
         matvec_x16<B, X16_DECODE_ROWS, 1>(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, \
-                                          u * X16_DECODE_ROWS, pick(i, rows0, rows1, rows2), n_cols, 1);    \
+                                          u * X16_DECODE_ROWS, pick(i, rows0, rows1, rows2), n_cols, 1, x_sums, eps); \
+        if (norm_w)                                                                                         \
+            store_normed_when_whole<X16_DECODE_ROWS>(y0, u * X16_DECODE_ROWS,                               \
+                                                     {norm_w, norm_xq, norm_xds, norm_sums, tickets});      \
     }
 MATVEC_X16_KERNEL(q4_0, block_q4_0)
 MATVEC_X16_KERNEL(q5_0, block_q5_0)

@@ -94,12 +94,31 @@ __device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mm
     }
 }
 
+// A group of 32 rows done, in warp 0 (lane l: row row0 + l): the warps' partial sums of each row in order,
+// times scale (x16.cuh norm_scale: 1 but for a norm's readers), plus add where given, into y; then,
+// with norm.w, the group's share of the norm of y (rows of whole groups: every lane's row is in).
+__device__ __forceinline__ void store_group(const float (&partial)[XM_WARPS][XM_ROWS], int n_warps, float* __restrict__ y,
+                                            const float* __restrict__ add, int row0, int n_rows, float scale,
+                                            const NormOut& norm) {
+    const int lane = threadIdx.x % WARP, row = row0 + lane;
+    float v = 0.0f;
+    for (int w = 0; w < n_warps; ++w) v += partial[w][lane];
+    v *= scale;
+    if (row < n_rows) {
+        if (add) v += add[row];
+        y[row] = v;
+    }
+    if (norm.w) store_normed(v, row, norm);
+}
+
 // Rows row0.. row0 + 31 of y for one token; every thread of the block calls it, and it waits for the
 // kernel before (follow_previous_kernel) once the warp's first superblock of weights, which no kernel
-// writes, is asked for: a block launched while that kernel runs has them in flight meanwhile.
+// writes, is asked for: a block launched while that kernel runs has them in flight meanwhile. x_sums: x is
+// a norm's output (x16.cuh NormOut); norm.w: the next norm's share is written.
 __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, const uint8_t* __restrict__ xq,
                                                 const float2* __restrict__ xds, float* __restrict__ y,
-                                                const float* __restrict__ add, int row0, int n_rows, int n_cols) {
+                                                const float* __restrict__ add, int row0, int n_rows, int n_cols,
+                                                const float* x_sums, float eps, const NormOut& norm) {
     __shared__ float partial[XM_WARPS][XM_ROWS];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
     const int g = lane / 4, c = lane % 4, n_super = n_cols / 256;
@@ -114,6 +133,7 @@ __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, c
     XmPart part;
     if (warp < n_super) load_weights(part, rows, warp, c);
     follow_previous_kernel();
+    const float scale = x_sums ? norm_scale(x_sums, n_cols, eps) : 1.0f;
     for (int s = warp; s < n_super; s += n_warps) {
         if (s != warp) load_weights(part, rows, s, c);
         load_x(part, xq, xds, s, g, c, own_mma >= 0);
@@ -128,24 +148,22 @@ __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, c
         if (c == 0) partial[warp][g + 8 * r] = v;
     }
     __syncthreads();
-    const int row = row0 + threadIdx.x;
-    if (threadIdx.x < XM_ROWS && row < n_rows) {
-        float v = 0.0f;
-        for (int w = 0; w < n_warps; ++w) v += partial[w][threadIdx.x];
-        y[row] = add ? add[row] + v : v;
-    }
+    if (warp == 0) store_group(partial, n_warps, y, add, row0, n_rows, scale, norm);
 }
 
 // y_i (rows_i) = x_deq · W_iᵀ for one token and up to three Q4_K weights (common.cuh fused_part; + add,
-// as y0, where not null), from the int16 blocks xq, xds of x (n_cols).
+// as y0, where not null), from the int16 blocks xq, xds of x (n_cols); as matvec_x16_1_<type>, it may read
+// a norm's output (x_sums, eps) and, with one weight of whole groups, write the next norm's share (norm_w ...).
 // LAUNCH: block = 32 · min(XM_WARPS, n_cols / 256); grid = Σ ceil(rows_i / XM_ROWS); n_cols % 256 == 0.
 extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, 2)
     matvec_x16_mma_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds,
-                        float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols) {
+                        float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols,
+                        const float* x_sums, float eps, const float* norm_w, uint8_t* norm_xq, float2* norm_xds,
+                        float* norm_sums, int* tickets) {
     int u = blockIdx.x;
     const int i = fused_part(u, XM_ROWS, rows0, rows1);
     matvec_mma_q4_K(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS,
-                    pick(i, rows0, rows1, rows2), n_cols);
+                    pick(i, rows0, rows1, rows2), n_cols, x_sums, eps, {norm_w, norm_xq, norm_xds, norm_sums, tickets});
 }
 
 // The same products with the weights streamed into shared memory by the copy engine (sm_90's
@@ -218,7 +236,8 @@ __device__ __forceinline__ void load_staged(XmPart& p, uint8_t* stage, int sl, i
 __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2,
                                                  const uint8_t* __restrict__ xq, const float2* __restrict__ xds,
                                                  float* y0, float* y1, float* y2, const float* __restrict__ add,
-                                                 int rows0, int rows1, int rows2, int n_cols) {
+                                                 int rows0, int rows1, int rows2, int n_cols, const float* x_sums,
+                                                 float eps, const NormOut& norm) {
     extern __shared__ __align__(128) uint8_t stages[];
     __shared__ uint64_t full[XB_STAGES];
     __shared__ float partial[2][XM_WARPS][XM_ROWS];  // by the group's parity: the last one's may still be read
@@ -249,6 +268,7 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
     if (warp == 0)
         for (int k = 0; k < min(XB_STAGES, n_steps); ++k) issue(k);
     follow_previous_kernel();
+    const float scale = x_sums ? norm_scale(x_sums, n_cols, eps) : 1.0f;
 
     const int own_mma = c / 2 == g / 2 % 2 ? 2 * (g / 4) + g % 2 : -1;
     float acc[4] = {};
@@ -271,14 +291,11 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
             }
         }
         __syncthreads();  // the slot is free, the group's partial sums are in
-        if (last && threadIdx.x < XM_ROWS) {
+        if (last && warp == 0) {
             int i;
-            const int row = group_of(k, i) * XM_ROWS + threadIdx.x;
-            if (row < pick(i, rows0, rows1, rows2)) {
-                float v = 0.0f;
-                for (int w = 0; w < XM_WARPS; ++w) v += mine[w][threadIdx.x];
-                pick(i, y0, y1, y2)[row] = i == 0 && add ? add[row] + v : v;
-            }
+            const int u = group_of(k, i);
+            store_group(mine, XM_WARPS, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS, pick(i, rows0, rows1, rows2),
+                        scale, norm);
         }
         if (warp == 0 && k + XB_STAGES < n_steps) issue(k + XB_STAGES);
     }
@@ -290,6 +307,9 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
 // shared memory XB_STAGES · XB_STAGE_BYTES.
 extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, XB_BLOCKS_AN_SM)
     matvec_x16_bulk_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds,
-                         float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols) {
-    matvec_bulk_q4_K(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols);
+                         float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols,
+                         const float* x_sums, float eps, const float* norm_w, uint8_t* norm_xq, float2* norm_xds,
+                         float* norm_sums, int* tickets) {
+    matvec_bulk_q4_K(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols, x_sums, eps,
+                     {norm_w, norm_xq, norm_xds, norm_sums, tickets});
 }

@@ -54,3 +54,50 @@ __host__ __device__ __forceinline__ void x_words(const uint8_t* p, uint32_t (&w)
     load_words<16>(p, w);
 #endif
 }
+
+// An RMSNorm split between the decode matvec that makes its input (the residual stream y, rows of whole
+// groups of 32) and the decode matvecs that read its output (ops.py fuses the three in a one-token pass):
+// the first writes, per group of 32 rows, the int16 blocks of y∘w and the group's Σ y² (`NormOut`); the
+// readers multiply those blocks as they would the norm's and scale each sum by 1 / sqrt(Σ y² / n + eps)
+// (`norm_scale`), as norm_f32 divides x: the int16 blocks of y∘w / s are those of y∘w with d / s, so the
+// products are the norm's to rounding, and the norm's launch and its wait between the two are gone.
+struct NormOut {
+    const float* w;  // the norm's weight; null: the matvec writes no norm
+    uint8_t* xq;
+    float2* xds;
+    float* sums;  // Σ y² of each group
+    int* tickets;  // blocks of each group done, for kernels whose blocks hold fewer than 32 rows (0 after)
+};
+
+// Lane l of the warp holds y[32·g + l] of group g (every lane calls it).
+__device__ __forceinline__ void store_normed(float y, int row, const NormOut& n) {
+    const float s = warp_sum(__fmul_rn(y, y));
+    if (row % 32 == 0) n.sums[row / 32] = s;
+    store_x16<1>({__fmul_rn(y, n.w[row])}, true, row, n.xq, n.xds);
+}
+
+// After a block stored its rows r0.. r0 + ROWS - 1 of y: the last of the 32 / ROWS blocks of their group to do
+// so (a ticket after a fence: the classic last-block reduction) writes the group's share of the norm. Every
+// thread of the block calls it.
+template <int ROWS>
+__device__ __forceinline__ void store_normed_when_whole(const float* y, int r0, const NormOut& n) {
+    static_assert(32 % ROWS == 0, "a group's rows lie in whole blocks");
+    __shared__ bool last;
+    __threadfence();  // this block's rows of y, before its ticket
+    __syncthreads();
+    const int group = r0 / 32;
+    if (threadIdx.x == 0) {
+        last = atomicAdd(&n.tickets[group], 1) == 32 / ROWS - 1;
+        if (last) n.tickets[group] = 0;
+    }
+    __syncthreads();
+    if (last && threadIdx.x < WARP) store_normed(__ldcg(y + 32 * group + threadIdx.x), 32 * group + threadIdx.x, n);
+}
+
+// 1 / sqrt(Σ sums / n + eps) over the n / 32 groups' sums, in every lane of the warp (every lane calls it),
+// the same bits in every warp.
+__device__ __forceinline__ float norm_scale(const float* sums, int n, float eps) {
+    float s = 0.0f;
+    for (int i = threadIdx.x % WARP; i < n / 32; i += WARP) s += sums[i];
+    return rsqrtf(warp_sum(s) / n + eps);
+}

@@ -136,7 +136,7 @@ class Group(NamedTuple):
     kernel: str
     units: int  # blocks over all the rows (the bulk matvec's: at most its blocks an SM, each walking several)
     threads: int
-    weights: tuple  # the arguments before the products: W0, W1, W2 (absent: 0), then xq, xds for "x16"
+    weights: tuple  # the arguments before x ("x16": its int16 blocks) and the products: W0, W1, W2 (absent: 0)
     rows: tuple  # after them: rows0, rows1, rows2 (absent: 0), n_cols
     absent: list[int]  # 0 for each absent weight's product
     n_rows: list[int]
@@ -163,6 +163,66 @@ class HeldRope(NamedTuple):
 
 
 NO_CACHE_WRITE = (0, 0, 0, 0, 0, 0, 0)  # rope_f32's k_cache, v_cache, v, v_width, slot_seg, seg, start_at
+
+
+class X16(NamedTuple):
+    """Where a matvec finds its x as int16 blocks (kernels/x16.cuh), and for a norm's output whose norm the
+    matvec before it took over, that norm's sums of squares and eps (NormOut; else 0 and 0.0)."""
+    xq: int
+    xds: int
+    sums: int = 0
+    eps: float = 0.0
+
+
+class HeldProduct(NamedTuple):
+    """A one-token matvec with the residual summed in, its launch held back for a norm of its product
+    (CudaOps.rms_norm)."""
+    out: Tensor
+    kernel: str
+    units: int
+    threads: int
+    args: tuple  # every argument before the norm's (NO_NORM where it writes none)
+    shared: int
+
+
+NO_NORM = (0, 0, 0, 0, 0)  # a decode matvec's norm_w, norm_xq, norm_xds, norm_sums, tickets
+_ADDRESS = Tensor.__dict__["ptr"]  # Tensor's own slot, under NormedTensor's property
+
+
+class NormedTensor(Tensor):
+    """rms_norm's output of one token while the matvec making its input is held: the matvecs on both sides
+    may take the norm over (CudaOps._fuse_norm), and then its float values are made only when something
+    first asks for their address (`make`)."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, pool: Pool, rows: int, cols: int):
+        self.make = None
+        super().__init__(pool, rows, cols)
+
+    @property
+    def ptr(self) -> int:
+        if self.make is not None:
+            make, self.make = self.make, None
+            make()
+        return _ADDRESS.__get__(self)
+
+    @ptr.setter
+    def ptr(self, value: int) -> None:
+        _ADDRESS.__set__(self, value)
+
+    def __del__(self):
+        if hasattr(self, "_pool"):
+            self._pool.give(self.cols, _ADDRESS.__get__(self))
+
+
+class PendingNorm(NamedTuple):
+    """A norm of a held product (HeldProduct), itself held back for the matvecs reading its output."""
+    product: HeldProduct
+    out: NormedTensor
+    x: Tensor
+    weight: Weight
+    eps: float
 
 
 class KVCache(NamedTuple):
@@ -230,6 +290,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._captured_ints: dict[str, list[int]] | None = None  # while graph.py captures a pass
         self._readback = None  # pinned slots the sampler reads its device-made choices back through (cuda/sampler.py), made at its first `ahead`
         self._held_rope: HeldRope | None = None  # q and k's rope while the device holds its launch back
+        self._held_product: HeldProduct | None = None  # a residual's matvec while the device holds its launch back
+        self._pending_norm: PendingNorm | None = None  # its norm, while the device holds both
+        # a one-token pass's norms taken over by the matvecs around them (_fuse_norm)
+        self.fuse_norms = True
         self.graphs = os.environ.get("REFLEX_CUDA_GRAPHS") != "0"  # replay repeated passes as CUDA graphs
         self._bulk_copies = self.device.info.compute_capability >= (9, 0)  # cp.async.bulk: the bulk matvec
 
@@ -265,7 +329,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
         # a matvec pass's x as int16 blocks (2 bytes an element, then 8 bytes (d, d·Σq) a block of 32)
         self._x16_width = max([activation_width] + [shape[0] for _, shape in tensors if len(shape) == 2])
         x16_bytes = aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width) + aligned(MATVEC_PASSES_MAX_TOKENS * self._x16_width // 4)
-        scratch += x16_bytes
+        # a fused norm's (_fuse_norm): one token's int16 blocks, then each group of 32's sum and ticket
+        groups = -(-self._x16_width // 32)
+        norm_bytes = aligned(2 * self._x16_width) + aligned(8 * groups) + aligned(4 * groups) + aligned(4 * groups)
+        scratch += x16_bytes + norm_bytes
         # three pools: decode-sized buffers (a step's addresses never move), the same for captured
         # passes alone (graph.py: one pass's buffers beside the other kept graphs' logits), and whole-pass ones
         small, large = aligned(2 * MATVEC_MAX_TOKENS * activation_width * 4), aligned(MAX_BATCH * activation_width * 4)
@@ -294,7 +361,11 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._chunk_scratch = s.carve(chunk_bytes) if chunk_bytes else 0
         self._xq = s.carve(x16_bytes)
         self._xds = self._xq + aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width)
-        self._x16_of: tuple[Tensor, int] | None = None  # (tensor, elements) the int16 scratch holds
+        self._plain_x16 = X16(self._xq, self._xds)
+        self._x16_of: tuple[Tensor, int, X16] | None = None  # (tensor, elements, where) of the int16 blocks made last
+        self._norm_xq = s.carve(2 * self._x16_width)
+        self._norm_xds, self._norm_sums, self._tickets = s.carve(8 * groups), s.carve(4 * groups), s.carve(4 * groups)
+        self.device.drv.cuMemsetD32Async(self._tickets, 0, groups, self.device.stream)
         # (token class, the weights' addresses: carved once, never shared) -> the matmul's launches (_plan)
         self._plans: dict[tuple[int, ...], list[Group | tuple[Weight, str]]] = {}
 
@@ -404,9 +475,12 @@ class CudaOps(ExpertOps, DeltaNetOps):
             self.device.drv.cuMemsetD32Async(pool.region.base, 0x7FC00000, pool.region.size // 4, self.device.stream)
 
     def _new(self, rows: int, cols: int) -> Tensor:
+        return Tensor(self._pool(rows), rows, cols)
+
+    def _pool(self, rows: int) -> Pool:
         if rows > MATVEC_MAX_TOKENS:
-            return Tensor(self._large, rows, cols)
-        return Tensor(self._small if self._captured_ints is None else self._graph_pool, rows, cols)
+            return self._large
+        return self._small if self._captured_ints is None else self._graph_pool
 
     def _upload_ints(self, kind: str, values: Sequence[int]) -> int:
         """Copy ints into their scratch slot; pageable source: the driver stages it before returning.
@@ -449,23 +523,62 @@ class CudaOps(ExpertOps, DeltaNetOps):
         return out
 
     def rms_norm(self, x: Tensor, weight: Weight, eps: float) -> Tensor:
-        d = weight.n_cols
+        product = self._held_product
+        if product is not None and product.out is x and weight.n_cols == x.cols:
+            # x is a held one-token matvec's: it may write this norm's int16 blocks and the matvecs after
+            # finish it (_fuse_norm); the next launch of anything else makes both as they are first
+            self.device.take_held()
+            self._held_product = None
+            out = NormedTensor(self._pool(x.rows), x.rows, x.cols)
+            pending = self._pending_norm = PendingNorm(product, out, x, weight, eps)
+            self.device.hold(lambda: self._launch_unfused(pending))
+            return out
         out = self._new(x.rows, x.cols)
+        self._launch_norm(x, weight, eps, out.ptr, out if weight.n_cols == x.cols else None)
+        return out
+
+    def _launch_norm(self, x: Tensor, weight: Weight, eps: float, out: int, beside: Tensor | None) -> None:
+        """norm_f32 of x into out, and its int16 blocks where beside is out's tensor (_x16_beside)."""
+        d = weight.n_cols
         block = 32 * -(-min(d, 1024) // 32)
         # blocks a row (kernels/elementwise.cu, one feature a thread), each reading the whole row: for a few
         # rows only, whose one block each would leave most SMs idle
         splits = d // 1024 if d % 1024 == 0 and x.rows <= MATVEC_MAX_TOKENS else 1
         self.device.launch("norm_f32", (x.rows * x.cols // d, splits), block,
-                           (x.ptr, self._ready(weight), out.ptr, d, eps)
-                           + (self._x16_beside(out) if d == x.cols else (0, 0)))
-        return out
+                           (x.ptr, self._ready(weight), out, d, eps) + (self._x16_beside(beside) if beside else (0, 0)))
+
+    def _launch_product(self, product: HeldProduct, norm: tuple) -> None:
+        if self._held_product is product:
+            self._held_product = None
+        self.device.launch(product.kernel, (product.units,), product.threads, product.args + norm, product.shared)
+
+    def _launch_unfused(self, pending: PendingNorm) -> None:
+        """A pending norm's matvec and the norm itself, as they are."""
+        if self._pending_norm is pending:
+            self._pending_norm = None
+        self._launch_product(pending.product, NO_NORM)
+        self._launch_norm(pending.x, pending.weight, pending.eps, _ADDRESS.__get__(pending.out), pending.out)
+
+    def _fuse_norm(self, pending: PendingNorm) -> None:
+        """The pending norm taken over by the matvecs around it (kernels/x16.cuh NormOut): its input's matvec
+        writes the int16 blocks of x∘w and their groups' sums of squares, which the matvecs reading its
+        output take with those sums; its float values are made only if something asks for them (one launch
+        and one wait fewer a norm: H200, Qwen3-8B, docs/perf-notes.md run 17)."""
+        self.device.take_held()
+        self._pending_norm = None
+        self._launch_product(pending.product, (self._ready(pending.weight), self._norm_xq, self._norm_xds,
+                                               self._norm_sums, self._tickets))
+        out, x, weight, eps = pending.out, pending.x, pending.weight, pending.eps
+        self._x16_of = (out, out.cols, X16(self._norm_xq, self._norm_xds, self._norm_sums, eps))
+        address = _ADDRESS.__get__(out)
+        out.make = lambda: self._launch_norm(x, weight, eps, address, None)
 
     def _x16_beside(self, out: Tensor) -> tuple[int, int]:
         """Where the kernel making `out` also writes its int16 blocks (kernels/x16.cuh), which the
         matvec reading it next then takes instead of quantizing it again (one launch fewer); (0, 0),
         nothing, past one pass of tokens, where the GEMMs read x itself."""
         if out.rows <= MATVEC_MAX_TOKENS and out.cols % 32 == 0 and out.cols <= self._x16_width:
-            self._x16_of = (out, out.rows * out.cols)
+            self._x16_of = (out, out.rows * out.cols, self._plain_x16)
             return self._xq, self._xds
         return 0, 0
 
@@ -526,10 +639,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 kernel, threads, shared = f"matvec_x16_bulk_{suffix}", 32 * X16_MMA_WARPS, X16_BULK_SHARED
                 most = X16_BULK_BLOCKS_AN_SM * self.device.info.multiprocessors
                 self.device.allow_shared(kernel, shared)
-            weights = (*weights, self._xq, self._xds)
         else:  # kernels/matvec_x16.cu: 2 rows a block (one token: 4), a warp per 1,024 columns (32 units), at most 4
             kernel, per = (f"matvec_x16_1_{suffix}", X16_DECODE_ROWS) if n_tok == 1 else (f"matvec_x16_{suffix}", 2)
-            weights, threads = (*weights, self._xq, self._xds), 32 * min(4, -(-n_cols // 1024))
+            threads = 32 * min(4, -(-n_cols // 1024))
         units = sum(-(-r // per) for r in rows)
         return Group(path, kernel, min(units, most or units), threads, weights, (*rows, *(0,) * absent, n_cols),
                      [0] * absent, rows, {}, shared)
@@ -538,6 +650,12 @@ class CudaOps(ExpertOps, DeltaNetOps):
         """The plan's launches; add summed into the one product there is where given."""
         outs: list[Tensor] = []
         dev = self.device
+        pending = self._pending_norm
+        if pending is not None and pending.out is x:
+            if all(type(g) is Group and g.path == "x16" for g in plan):  # one token: the decode matvecs
+                self._fuse_norm(pending)
+            else:
+                dev.release()
         for g in plan:
             if type(g) is not Group:
                 outs.append(self._matmul_one(x, *g, add))
@@ -565,13 +683,24 @@ class CudaOps(ExpertOps, DeltaNetOps):
             # x to int16 blocks, unless the op that made x wrote them or a matmul before took the same x:
             # a tensor is final once the op making it returns, and holding it keeps its buffer's address
             n = x.rows * x.cols
-            if self._x16_of != (x, n):
+            made = self._x16_of
+            if made is None or made[0] is not x or made[1] != n:
                 dev.launch("quantize_x16", (-(-n // 1024),), 256, (x.ptr, self._xq, self._xds, n))
-                self._x16_of = (x, n)
-            if x.rows == 1:
-                dev.launch(g.kernel, (g.units,), g.threads, (*g.weights, *products, *g.rows), g.shared)
+                made = self._x16_of = (x, n, self._plain_x16)
+            src = made[2]
+            if x.rows > 1:
+                dev.launch(g.kernel, (g.units, -(-x.rows // MATVEC_MAX_TOKENS)), g.threads,
+                           (*g.weights, src.xq, src.xds, *products, *g.rows, x.rows))
+                continue
+            args = (*g.weights, src.xq, src.xds, *products, *g.rows, src.sums, src.eps)
+            rows = g.n_rows[0]
+            if self.fuse_norms and add is not None and len(plan) == 1 and len(g.n_rows) == 1 and rows % 32 == 0 \
+                    and rows <= self._x16_width and not src.sums:
+                # the residual stream: held for a norm of it, which this launch may take a share of (rms_norm)
+                product = self._held_product = HeldProduct(outs[0], g.kernel, g.units, g.threads, args, g.shared)
+                dev.hold(lambda: self._launch_product(product, NO_NORM))
             else:
-                dev.launch(g.kernel, (g.units, -(-x.rows // MATVEC_MAX_TOKENS)), g.threads, (*g.weights, *products, *g.rows, x.rows))
+                dev.launch(g.kernel, (g.units,), g.threads, args + NO_NORM, g.shared)
         return outs
 
     def _matmul_one(self, x: Tensor, weight: Weight, path: str, add: Tensor | None) -> Tensor:
