@@ -10,7 +10,9 @@
 // ("slots"): B[k][n] is x's quant of k's element where that element lies in sub-block n, else 0, so
 // C[row][n] is sub-block n's integer dot product, which the row's scale and min of n turn into a float.
 // x's int16 quants go in as two byte planes, C = 256·C(high bytes, signed) + C(low bytes, unsigned):
-// |C| <= 15 · 32767 · 32 < 2^24, exact in float too.
+// |C| <= 15 · 32767 · 32 < 2^24, exact in float too. The high nibbles go in as 16·q (one instruction
+// fewer a word than shifting them down): their C is 16 times the sum, < 2^28 and a multiple of 16, so
+// still exact in float, and the 16 comes off x's scale, a power of two: the same products to the bit.
 //
 // Lane (g, c) holds rows g + 8r of the block (r = 0..3: two tiles of 16) and the 16 bytes qs[64G + 16c ..]
 // (G = 0, 1) of each row's superblock: elements 16h.. (h = c % 2) of sub-blocks 2j (low nibbles) and
@@ -27,10 +29,10 @@
 constexpr int XM_ROWS = 32;  // rows a block: two 16-row tiles a warp, each B (x) serving both
 constexpr int XM_WARPS = 8;  // the most warps a block has, splitting its rows' superblocks
 
-// The low nibbles (HIGH false) or high ones of a word's 4 bytes, as 4 unsigned bytes.
+// The low nibbles (HIGH false) of a word's 4 bytes as 4 unsigned bytes, or its high ones as 16 times them.
 template <bool HIGH>
 __device__ __forceinline__ uint32_t nibbles(uint32_t w) {
-    return (HIGH ? w >> 4 : w) & 0x0F0F0F0Fu;
+    return w & (HIGH ? 0xF0F0F0F0u : 0x0F0F0F0Fu);
 }
 
 // What a lane reads of one superblock: its 4 rows' d, dmin and scales (head) and 16 bytes of each 64
@@ -90,7 +92,8 @@ __device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mm
         scale_min_k4_pair(hd, c, sa, ma, sb, mb);
         const int k = 2 * (r % 2), t = r / 2;
         const int ia = 256 * ch[t][k] + cl[t][k], ib = 256 * ch[t][k + 1] + cl[t][k + 1];
-        acc[r] += fmaf(sa * p.xd.x, (float)ia, sb * p.xd.z * (float)ib) - fmaf(ma, p.xd.y, mb * p.xd.w);
+        // sub-block 2c + 1's nibbles are high ones: ib is 16 times its sum
+        acc[r] += fmaf(sa * p.xd.x, (float)ia, sb * (p.xd.z * 0.0625f) * (float)ib) - fmaf(ma, p.xd.y, mb * p.xd.w);
     }
 }
 
