@@ -36,9 +36,12 @@ __device__ __forceinline__ uint32_t nibbles(uint32_t w) {
 }
 
 // What a lane reads of one superblock: its 4 rows' d, dmin and scales (head) and 16 bytes of each 64
-// of quants; as a B lane x's 16 quants as bytes, 4 a word; the (d, d·Σq) of x's sub-blocks 2c, 2c + 1.
+// of quants (XmPart); as a B lane x's 16 quants as bytes, 4 a word, and the (d, d·Σq) of x's sub-blocks
+// 2c, 2c + 1 (XmX).
 struct XmPart {
     uint4 head[4], qs[4][2];
+};
+struct XmX {
     uint32_t high[4], low[4];
     float4 xd;
 };
@@ -47,7 +50,7 @@ __device__ __forceinline__ void load_weights(XmPart& p, const uint8_t* const (&r
     load_q4_K_pieces<false>(rows, s, c, p.head, p.qs);
 }
 
-__device__ __forceinline__ void load_x(XmPart& p, const uint8_t* __restrict__ xq, const float2* __restrict__ xds, int s,
+__device__ __forceinline__ void load_x(XmX& p, const uint8_t* __restrict__ xq, const float2* __restrict__ xds, int s,
                                        int g, int c, bool b_lane) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) p.high[i] = p.low[i] = 0u;
@@ -62,15 +65,15 @@ __device__ __forceinline__ void load_x(XmPart& p, const uint8_t* __restrict__ xq
 
 // The superblock's products into the lane's 4 rows' sums (row g + 8r: acc[r]); own_mma: the mma (2G + high)
 // whose B is the lane's x, or -1.
-__device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mma, float (&acc)[4]) {
+__device__ __forceinline__ void multiply_part(const XmPart& p, const XmX& x, int c, int own_mma, float (&acc)[4]) {
     int ch[2][4] = {}, cl[2][4] = {};
 #pragma unroll
     for (int m = 0; m < 4; ++m) {  // G = m / 2; high nibbles for odd m
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // the lane's words 2h, 2h + 1
             const bool own = m == own_mma;
-            const uint32_t bh[2] = {own ? p.high[2 * h] : 0u, own ? p.high[2 * h + 1] : 0u};
-            const uint32_t bl[2] = {own ? p.low[2 * h] : 0u, own ? p.low[2 * h + 1] : 0u};
+            const uint32_t bh[2] = {own ? x.high[2 * h] : 0u, own ? x.high[2 * h + 1] : 0u};
+            const uint32_t bl[2] = {own ? x.low[2 * h] : 0u, own ? x.low[2 * h + 1] : 0u};
 #pragma unroll
             for (int t = 0; t < 2; ++t) {
                 const uint4 &u0 = p.qs[2 * t][m / 2], &u1 = p.qs[2 * t + 1][m / 2];
@@ -93,7 +96,7 @@ __device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mm
         const int k = 2 * (r % 2), t = r / 2;
         const int ia = 256 * ch[t][k] + cl[t][k], ib = 256 * ch[t][k + 1] + cl[t][k + 1];
         // sub-block 2c + 1's nibbles are high ones: ib is 16 times its sum
-        acc[r] += fmaf(sa * p.xd.x, (float)ia, sb * (p.xd.z * 0.0625f) * (float)ib) - fmaf(ma, p.xd.y, mb * p.xd.w);
+        acc[r] += fmaf(sa * x.xd.x, (float)ia, sb * (x.xd.z * 0.0625f) * (float)ib) - fmaf(ma, x.xd.y, mb * x.xd.w);
     }
 }
 
@@ -139,8 +142,9 @@ __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, c
     const float scale = x_sums ? norm_scale(x_sums, n_cols, eps) : 1.0f;
     for (int s = warp; s < n_super; s += n_warps) {
         if (s != warp) load_weights(part, rows, s, c);
-        load_x(part, xq, xds, s, g, c, own_mma >= 0);
-        multiply_part(part, c, own_mma, acc);
+        XmX x;
+        load_x(x, xq, xds, s, g, c, own_mma >= 0);
+        multiply_part(part, x, c, own_mma, acc);
     }
 
 #pragma unroll
@@ -275,12 +279,18 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
 
     const int own_mma = c / 2 == g / 2 % 2 ? 2 * (g / 4) + g % 2 : -1;
     float acc[4] = {};
+    // x a step ahead: its loads (from L1 or L2: the stages leave L1 little room) are in flight while a stage
+    // is multiplied, not after its wait
+    XmX x;
+    if (n_steps > 0) load_x(x, xq, xds, warp, g, c, own_mma >= 0);
     for (int k = 0; k < n_steps; ++k) {
         bulk_wait(&full[k % XB_STAGES], k / XB_STAGES % 2);
         XmPart part;
         load_staged(part, stages + k % XB_STAGES * XB_STAGE_BYTES, warp, g, c);
-        load_x(part, xq, xds, k % per_group * XB_STAGE_SUPERS + warp, g, c, own_mma >= 0);
-        multiply_part(part, c, own_mma, acc);
+        XmX next;
+        if (k + 1 < n_steps) load_x(next, xq, xds, (k + 1) % per_group * XB_STAGE_SUPERS + warp, g, c, own_mma >= 0);
+        multiply_part(part, x, c, own_mma, acc);
+        x = next;
         const bool last = k % per_group == per_group - 1;
         float(&mine)[XM_WARPS][XM_ROWS] = partial[k / per_group % 2];
         if (last) {
