@@ -250,7 +250,9 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
 // together over the rows' 32-element units.
 // LAUNCH: block = 32 · min(4, ceil(n_cols / 1024)) threads (a multiple of 32, at most X16_THREADS);
 // grid = (Σ ceil(rows_i / X16_ROWS), ceil(n_tok / 8)); n_cols a multiple of the type's block. 5 blocks an SM, as matvec.cu.
-// matvec_x16_1_<type>: the same for one token, X16_DECODE_ROWS rows a block; grid = Σ ceil(rows_i / X16_DECODE_ROWS).
+// matvec_x16_1_<type>: the same for one token, X16_DECODE_ROWS rows a block; grid = Σ ceil(rows_i / X16_DECODE_ROWS);
+// 6 blocks an SM, 80 registers: left to itself ptxas took 80-114 by type, and 4-5 blocks (H200, Qwen3-8B Q4_K_M
+// decode 416.4 tok/s at 6 against 413.6, docs/perf-notes.md run 17).
 // It may read a norm's output (x_sums, eps) and, with one weight of whole groups of 32 rows, write the next
 // norm's share (norm_w ...: x16.cuh NormOut).
 #define MATVEC_X16_KERNEL(name, B)                                                                          \
@@ -266,7 +268,7 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
                                                 add && i == 0 ? add + t0 * n_rows : nullptr, u * X16_ROWS,  \
                                                 n_rows, n_cols, min(X16_MAX_TOKENS, n_tok - (int)t0));      \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(X16_THREADS, 4)                                            \
+    extern "C" __global__ void __launch_bounds__(X16_THREADS, 6)                                            \
         matvec_x16_1_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,     \
                             const float2* xds, float* y0, float* y1, float* y2, const float* add, int rows0, \
                             int rows1, int rows2, int n_cols, const float* x_sums, float eps,               \
