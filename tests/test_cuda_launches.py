@@ -332,19 +332,6 @@ def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
     assert names.count("norm_f32") == 1 and "swiglu_f32" not in names and "quantize_x16" not in names
 
 
-def test_the_bulk_matvec_splits_a_groups_stages_only_where_that_shortens_the_busiest_block():
-    from reflex_engine.backends.cuda.ops import X16_BULK_MAX_UNITS, bulk_splits
-
-    blocks = 2 * 132  # X16_BULK_BLOCKS_AN_SM on an H200
-    # Qwen3-8B: o (4,096 rows of 2 stages), down (4,096 of 6), q + k (5,120 of 2), gate + up (24,576 of 2)
-    assert [bulk_splits(g, s, blocks) for g, s in ((128, 2), (128, 6), (160, 2), (768, 2))] == [2, 2, 1, 1]
-    for groups in (1, 7, 100, 131, 264, 265, 1000):
-        for stages in (1, 2, 4, 6, 12, 30):
-            d = bulk_splits(groups, stages, blocks)
-            assert stages % d == 0 and (d == 1 or groups * d <= X16_BULK_MAX_UNITS * blocks)
-            assert groups < blocks or d == 1  # as many groups as blocks: nothing to gain
-
-
 def test_a_short_prompts_gemm_splits_the_columns_of_weights_too_small_to_fill_the_gpu():
     from reflex_engine.backends.cuda.ops import FUSED_WEIGHTS, GEMM_MAX_SPLITS, gemm_splits
 
@@ -401,8 +388,7 @@ def test_rows_of_4096_columns_or_more_take_the_tensor_core_kernels(fake, monkeyp
             ops.matmul(x, w)
             chosen[t.name, n_cols, n_tok] = [(n, g[0], s) for n, g, s in launched if n.startswith(("gemm", "matvec"))]
     bulk = capability >= (9, 0)
-    # 256 rows: 8 groups of 32; in bulk each group's 2 stages are 2 units (ops.bulk_splits), one a block
-    q4_k_1 = [("matvec_x16_bulk_q4_K", 16, ops_module.X16_BULK_SHARED)] if bulk else [("matvec_x16_mma_q4_K", 8, 0)]
+    q4_k_1 = [("matvec_x16_bulk_q4_K", 8, ops_module.X16_BULK_SHARED)] if bulk else [("matvec_x16_mma_q4_K", 8, 0)]
     # 9,000 rows: 282 groups of 32 over 2 blocks an SM of the fake's 132
     wide_1 = [("matvec_x16_bulk_q4_K", 264, ops_module.X16_BULK_SHARED)] if bulk else [("matvec_x16_mma_q4_K", 282, 0)]
     assert {k: [n for n, _, _ in v] for k, v in chosen.items() if k[1] != 12288} == {

@@ -317,23 +317,19 @@ def test_matmuls_equal_the_matmuls_one_by_one(gpu, kinds, n_cols):
             np.testing.assert_array_equal(b, a, err_msg=f"weight {i} of {kinds}, {n_tok} tokens")
 
 
-@pytest.mark.parametrize("rows,n_cols,splits", [([300, 40, 64], 4096, 2), ([9000], 4096, 1), ([4100, 70], 12288, 1),
-                                                ([2000], 12288, 3)], ids=["fused", "groups-a-block", "wide", "wide-split"])
-def test_bulk_matvec_is_the_register_matvec_to_the_bit(monkeypatch, rows, n_cols, splits):
+@pytest.mark.parametrize("rows,n_cols", [([300, 40, 64], 4096), ([9000], 4096), ([4100, 70], 12288)],
+                         ids=["fused", "groups-a-block", "wide"])
+def test_bulk_matvec_is_the_register_matvec_to_the_bit(monkeypatch, rows, n_cols):
     """From sm_90 on, one token's Q4_K matvec streams its rows through shared memory (matvec_x16_bulk_q4_K):
-    a grid of 2 blocks an SM, each walking its units of 32 rows (9,000 rows: some blocks two) and each unit's
-    stages of 8 superblocks through a ring of 3 (12,288 columns: 6 a group). Every lane sums the same
-    superblocks in the same order as the register kernel's, so the products are its bits, the residual summed
-    in too, and the reference's on the int16-rounded x to float32 summation. With fewer groups than blocks a
-    group's stages may be split over blocks (ops.bulk_splits: 14 groups of 2 stages, 63 of 6), whose sums the
-    last of them adds in split order: then within float rounding of the register kernel's."""
+    a grid of 2 blocks an SM, each walking its groups of 32 rows (9,000 rows: some blocks two groups) and
+    each group's stages of 8 superblocks through a ring of 3 (12,288 columns: 6 a group). Every lane sums
+    the same superblocks in the same order as the register kernel's, so the products are its bits, the
+    residual summed in too, and the reference's on the int16-rounded x to float32 summation."""
     from reflex_engine.backends.cuda import CudaOps
-    from reflex_engine.backends.cuda.ops import bulk_splits
 
     gpu = CudaOps()  # its own weights region: these are large
     if not gpu._bulk_copies:
         pytest.skip("bulk copies need sm_90 or later")
-    assert bulk_splits(sum(-(-n // 32) for n in rows), n_cols // 2048, 2 * gpu.device.info.multiprocessors) == splits
     gpu.reserve([(GGMLType.Q4_K, (n_cols, n)) for n in rows], CacheShape(1, 16, 64, 64), activation_width=2 * max(rows + [n_cols]))
     weights = [both(gpu, "Q4_K", n, n_cols) for n in rows]
     x = rng.standard_normal((1, n_cols)).astype(np.float32)
@@ -355,13 +351,9 @@ def test_bulk_matvec_is_the_register_matvec_to_the_bit(monkeypatch, rows, n_cols
     register, register_added = products()
     assert "matvec_x16_mma_q4_K" in launched and "matvec_x16_bulk_q4_K" not in launched
     for (w_cpu, _), got, want in zip(weights, bulk, register):
-        if splits == 1:
-            np.testing.assert_array_equal(got, want)
-        else:
-            assert rel_err(got, want.astype(np.float64)) < 1e-6
+        np.testing.assert_array_equal(got, want)
         assert rel_err(got, cpu.matmul(x16_rounded(x), w_cpu).astype(np.float64)) < 1e-5
-    if splits == 1:
-        np.testing.assert_array_equal(bulk_added, register_added)
+    np.testing.assert_array_equal(bulk_added, register_added)
     np.testing.assert_array_equal(bulk_added, r + bulk[0])
 
 

@@ -36,12 +36,9 @@ __device__ __forceinline__ uint32_t nibbles(uint32_t w) {
 }
 
 // What a lane reads of one superblock: its 4 rows' d, dmin and scales (head) and 16 bytes of each 64
-// of quants (XmPart); as a B lane x's 16 quants as bytes, 4 a word, and the (d, d·Σq) of x's sub-blocks
-// 2c, 2c + 1 (XmX).
+// of quants; as a B lane x's 16 quants as bytes, 4 a word; the (d, d·Σq) of x's sub-blocks 2c, 2c + 1.
 struct XmPart {
     uint4 head[4], qs[4][2];
-};
-struct XmX {
     uint32_t high[4], low[4];
     float4 xd;
 };
@@ -50,7 +47,7 @@ __device__ __forceinline__ void load_weights(XmPart& p, const uint8_t* const (&r
     load_q4_K_pieces<false>(rows, s, c, p.head, p.qs);
 }
 
-__device__ __forceinline__ void load_x(XmX& p, const uint8_t* __restrict__ xq, const float2* __restrict__ xds, int s,
+__device__ __forceinline__ void load_x(XmPart& p, const uint8_t* __restrict__ xq, const float2* __restrict__ xds, int s,
                                        int g, int c, bool b_lane) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) p.high[i] = p.low[i] = 0u;
@@ -65,15 +62,15 @@ __device__ __forceinline__ void load_x(XmX& p, const uint8_t* __restrict__ xq, c
 
 // The superblock's products into the lane's 4 rows' sums (row g + 8r: acc[r]); own_mma: the mma (2G + high)
 // whose B is the lane's x, or -1.
-__device__ __forceinline__ void multiply_part(const XmPart& p, const XmX& x, int c, int own_mma, float (&acc)[4]) {
+__device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mma, float (&acc)[4]) {
     int ch[2][4] = {}, cl[2][4] = {};
 #pragma unroll
     for (int m = 0; m < 4; ++m) {  // G = m / 2; high nibbles for odd m
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // the lane's words 2h, 2h + 1
             const bool own = m == own_mma;
-            const uint32_t bh[2] = {own ? x.high[2 * h] : 0u, own ? x.high[2 * h + 1] : 0u};
-            const uint32_t bl[2] = {own ? x.low[2 * h] : 0u, own ? x.low[2 * h + 1] : 0u};
+            const uint32_t bh[2] = {own ? p.high[2 * h] : 0u, own ? p.high[2 * h + 1] : 0u};
+            const uint32_t bl[2] = {own ? p.low[2 * h] : 0u, own ? p.low[2 * h + 1] : 0u};
 #pragma unroll
             for (int t = 0; t < 2; ++t) {
                 const uint4 &u0 = p.qs[2 * t][m / 2], &u1 = p.qs[2 * t + 1][m / 2];
@@ -96,23 +93,19 @@ __device__ __forceinline__ void multiply_part(const XmPart& p, const XmX& x, int
         const int k = 2 * (r % 2), t = r / 2;
         const int ia = 256 * ch[t][k] + cl[t][k], ib = 256 * ch[t][k + 1] + cl[t][k + 1];
         // sub-block 2c + 1's nibbles are high ones: ib is 16 times its sum
-        acc[r] += fmaf(sa * x.xd.x, (float)ia, sb * (x.xd.z * 0.0625f) * (float)ib) - fmaf(ma, x.xd.y, mb * x.xd.w);
+        acc[r] += fmaf(sa * p.xd.x, (float)ia, sb * (p.xd.z * 0.0625f) * (float)ib) - fmaf(ma, p.xd.y, mb * p.xd.w);
     }
 }
 
-// The warps' partial sums of a row in order, lane l's row l.
-__device__ __forceinline__ float warps_sum(const float (&partial)[XM_WARPS][XM_ROWS], int n_warps) {
+// A group of 32 rows done, in warp 0 (lane l: row row0 + l): the warps' partial sums of each row in order,
+// times scale (x16.cuh norm_scale: 1 but for a norm's readers), plus add where given, into y; then,
+// with norm.w, the group's share of the norm of y (rows of whole groups: every lane's row is in).
+__device__ __forceinline__ void store_group(const float (&partial)[XM_WARPS][XM_ROWS], int n_warps, float* __restrict__ y,
+                                            const float* __restrict__ add, int row0, int n_rows, float scale,
+                                            const NormOut& norm) {
+    const int lane = threadIdx.x % WARP, row = row0 + lane;
     float v = 0.0f;
-    for (int w = 0; w < n_warps; ++w) v += partial[w][threadIdx.x % WARP];
-    return v;
-}
-
-// A group of 32 rows done, in warp 0 (lane l: row row0 + l, its sum v): v times scale (x16.cuh norm_scale:
-// 1 but for a norm's readers), plus add where given, into y; then, with norm.w, the group's share of the
-// norm of y (rows of whole groups: every lane's row is in).
-__device__ __forceinline__ void store_group(float v, float* __restrict__ y, const float* __restrict__ add, int row0,
-                                            int n_rows, float scale, const NormOut& norm) {
-    const int row = row0 + threadIdx.x % WARP;
+    for (int w = 0; w < n_warps; ++w) v += partial[w][lane];
     v *= scale;
     if (row < n_rows) {
         if (add) v += add[row];
@@ -148,9 +141,8 @@ __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, c
     const float scale = x_sums ? norm_scale(x_sums, n_cols, eps) : 1.0f;
     for (int s = warp; s < n_super; s += n_warps) {
         if (s != warp) load_weights(part, rows, s, c);
-        XmX x;
-        load_x(x, xq, xds, s, g, c, own_mma >= 0);
-        multiply_part(part, x, c, own_mma, acc);
+        load_x(part, xq, xds, s, g, c, own_mma >= 0);
+        multiply_part(part, c, own_mma, acc);
     }
 
 #pragma unroll
@@ -161,7 +153,7 @@ __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, c
         if (c == 0) partial[warp][g + 8 * r] = v;
     }
     __syncthreads();
-    if (warp == 0) store_group(warps_sum(partial, n_warps), y, add, row0, n_rows, scale, norm);
+    if (warp == 0) store_group(partial, n_warps, y, add, row0, n_rows, scale, norm);
     if (gated.h) store_gated_when_whole<XM_ROWS>(gate, up, row0, gated, tickets);
 }
 
@@ -252,30 +244,26 @@ __device__ __forceinline__ void load_staged(XmPart& p, uint8_t* stage, int sl, i
 __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2,
                                                  const uint8_t* __restrict__ xq, const float2* __restrict__ xds,
                                                  float* y0, float* y1, float* y2, const float* __restrict__ add,
-                                                 int rows0, int rows1, int rows2, int n_cols, int splits,
-                                                 float* split_sums, int* split_tickets, const float* x_sums,
+                                                 int rows0, int rows1, int rows2, int n_cols, const float* x_sums,
                                                  float eps, const NormOut& norm, const GatedOut& gated, int* tickets) {
     extern __shared__ __align__(128) uint8_t stages[];
     __shared__ uint64_t full[XB_STAGES];
-    __shared__ float partial[2][XM_WARPS][XM_ROWS];  // by the unit's parity: the last one's may still be read
+    __shared__ float partial[2][XM_WARPS][XM_ROWS];  // by the group's parity: the last one's may still be read
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const int g = lane / 4, c = lane % 4, per_unit = n_cols / 256 / XB_STAGE_SUPERS / splits;
+    const int g = lane / 4, c = lane % 4, per_group = n_cols / 256 / XB_STAGE_SUPERS;
     const int n_groups = (rows0 + XM_ROWS - 1) / XM_ROWS + (rows1 + XM_ROWS - 1) / XM_ROWS + (rows2 + XM_ROWS - 1) / XM_ROWS;
-    const int n_steps = (n_groups * splits - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * per_unit;
+    const int n_steps = (n_groups - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * per_group;
     const size_t stride = row_bytes<block_q4_K>(n_cols);
     if (threadIdx.x == 0)
         for (int i = 0; i < XB_STAGES; ++i) bulk_barrier_init(&full[i]);
     __syncthreads();
 
-    // step k: stage k % per_unit of the block's unit k / per_unit (split unit % splits of group unit / splits), in
-    // slot k % XB_STAGES; its stage of the group's
-    auto unit_of = [&](int k) { return (int)blockIdx.x + k / per_unit * (int)gridDim.x; };
+    // step k: stage k % per_group of the block's group k / per_group, in slot k % XB_STAGES
     auto group_of = [&](int k, int& i) {
-        int u = unit_of(k) / splits;
+        int u = blockIdx.x + k / per_group * gridDim.x;
         i = fused_part(u, XM_ROWS, rows0, rows1);
         return u;
     };
-    auto stage_of = [&](int k) { return unit_of(k) % splits * per_unit + k % per_unit; };
     auto issue = [&](int k) {  // warp 0
         int i;
         const int u = group_of(k, i), n_rows = pick(i, rows0, rows1, rows2);
@@ -283,7 +271,7 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
         if (lane == 0) bulk_expect(bar, XM_ROWS * XB_SEG);
         __syncwarp();
         const uint8_t* row = pick(i, W0, W1, W2) + (size_t)min(u * XM_ROWS + lane, n_rows - 1) * stride;  // past n_rows: never stored
-        bulk_copy(stage_row(stages + k % XB_STAGES * XB_STAGE_BYTES, lane), row + (size_t)stage_of(k) * XB_SEG, XB_SEG, bar);
+        bulk_copy(stage_row(stages + k % XB_STAGES * XB_STAGE_BYTES, lane), row + (size_t)(k % per_group) * XB_SEG, XB_SEG, bar);
     };
     if (warp == 0)
         for (int k = 0; k < min(XB_STAGES, n_steps); ++k) issue(k);
@@ -292,20 +280,14 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
 
     const int own_mma = c / 2 == g / 2 % 2 ? 2 * (g / 4) + g % 2 : -1;
     float acc[4] = {};
-    // x a step ahead: its loads (from L1 or L2: the stages leave L1 little room) are in flight while a stage
-    // is multiplied, not after its wait
-    XmX x;
-    if (n_steps > 0) load_x(x, xq, xds, stage_of(0) * XB_STAGE_SUPERS + warp, g, c, own_mma >= 0);
     for (int k = 0; k < n_steps; ++k) {
         bulk_wait(&full[k % XB_STAGES], k / XB_STAGES % 2);
         XmPart part;
         load_staged(part, stages + k % XB_STAGES * XB_STAGE_BYTES, warp, g, c);
-        XmX next;
-        if (k + 1 < n_steps) load_x(next, xq, xds, stage_of(k + 1) * XB_STAGE_SUPERS + warp, g, c, own_mma >= 0);
-        multiply_part(part, x, c, own_mma, acc);
-        x = next;
-        const bool last = k % per_unit == per_unit - 1;
-        float(&mine)[XM_WARPS][XM_ROWS] = partial[k / per_unit % 2];
+        load_x(part, xq, xds, k % per_group * XB_STAGE_SUPERS + warp, g, c, own_mma >= 0);
+        multiply_part(part, c, own_mma, acc);
+        const bool last = k % per_group == per_group - 1;
+        float(&mine)[XM_WARPS][XM_ROWS] = partial[k / per_group % 2];
         if (last) {
 #pragma unroll
             for (int r = 0; r < 4; ++r) {  // the row's 4 lanes, then the warps in order
@@ -316,27 +298,14 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
                 acc[r] = 0.0f;
             }
         }
-        __syncthreads();  // the slot is free, the unit's partial sums are in
-        if (last && splits == 1 && warp == 0) {
+        __syncthreads();  // the slot is free, the group's partial sums are in
+        if (last && warp == 0) {
             int i;
             const int u = group_of(k, i);
-            store_group(warps_sum(mine, XM_WARPS), pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS,
-                        pick(i, rows0, rows1, rows2), scale, norm);
+            store_group(mine, XM_WARPS, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS, pick(i, rows0, rows1, rows2),
+                        scale, norm);
         }
-        bool ended = last && splits == 1;  // the group's rows stored by this block
-        if (last && splits > 1) {  // the group's splits' sums, in split order, by the last of its blocks to finish
-            const int unit = unit_of(k), group = unit / splits;
-            if (warp == 0) split_sums[(size_t)unit * XM_ROWS + lane] = warps_sum(mine, XM_WARPS);
-            ended = last_of_group(split_tickets, group, splits);
-            if (ended && warp == 0) {
-                float v = 0.0f;
-                for (int s = 0; s < splits; ++s) v += __ldcg(split_sums + ((size_t)group * splits + s) * XM_ROWS + lane);
-                int i;
-                const int u = group_of(k, i);
-                store_group(v, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS, pick(i, rows0, rows1, rows2), scale, norm);
-            }
-        }
-        if (ended && gated.h) {
+        if (last && gated.h) {
             int i;
             store_gated_when_whole<XM_ROWS>(y0, y1, group_of(k, i) * XM_ROWS, gated, tickets);
         }
@@ -345,18 +314,14 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
 }
 
 // As matvec_x16_mma_q4_K, sm_90 on, for n_cols % (256 · XB_STAGE_SUPERS) == 0 and weights at 16-byte
-// addresses (bulk copies). With fewer groups of 32 rows than the grid has blocks, a group's stages may be cut
-// into `splits` units of as many stages each, for as many blocks: their sums meet in split_sums (32 floats a
-// unit), and the last of a group's blocks to finish (split_tickets: 0 before and after) adds them in split order
-// and ends the group (the bits then differ from one block's order, but not from launch to launch).
-// LAUNCH: block = 32 · XM_WARPS; grid = min(Σ ceil(rows_i / XM_ROWS) · splits, XB_BLOCKS_AN_SM · SMs); dynamic
-// shared memory XB_STAGES · XB_STAGE_BYTES; splits divides the stages of a group, n_cols / (256 · XB_STAGE_SUPERS).
+// addresses (bulk copies).
+// LAUNCH: block = 32 · XM_WARPS; grid = min(Σ ceil(rows_i / XM_ROWS), XB_BLOCKS_AN_SM · SMs); dynamic
+// shared memory XB_STAGES · XB_STAGE_BYTES.
 extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, XB_BLOCKS_AN_SM)
     matvec_x16_bulk_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds,
                          float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols,
-                         int splits, float* split_sums, int* split_tickets, const float* x_sums, float eps,
-                         const float* norm_w, uint8_t* norm_xq, float2* norm_xds, float* norm_sums, float* gated,
-                         uint8_t* gated_xq, float2* gated_xds, int* tickets) {
-    matvec_bulk_q4_K(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols, splits, split_sums, split_tickets,
-                     x_sums, eps, {norm_w, norm_xq, norm_xds, norm_sums}, {gated, gated_xq, gated_xds}, tickets);
+                         const float* x_sums, float eps, const float* norm_w, uint8_t* norm_xq, float2* norm_xds,
+                         float* norm_sums, float* gated, uint8_t* gated_xq, float2* gated_xds, int* tickets) {
+    matvec_bulk_q4_K(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols, x_sums, eps,
+                     {norm_w, norm_xq, norm_xds, norm_sums}, {gated, gated_xq, gated_xds}, tickets);
 }

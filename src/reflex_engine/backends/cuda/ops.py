@@ -38,9 +38,6 @@ X16_MMA_ROWS, X16_MMA_WARPS = 32, 8
 X16_BULK_TYPES = (GGMLType.Q4_K,)
 X16_BULK_STAGES, X16_BULK_BLOCKS_AN_SM = 3, 2
 X16_BULK_STAGE_COLS = 256 * X16_MMA_WARPS
-# with fewer groups of 32 rows than blocks, its units may be splits of a group's stages (bulk_splits), as many as
-# keep the units within this many times its grid (their sums' scratch)
-X16_BULK_MAX_UNITS = 2
 X16_BULK_SHARED = X16_BULK_STAGES * (X16_MMA_ROWS * X16_MMA_WARPS * GGML_BLOCK[GGMLType.Q4_K][1] + 64)
 # the tensor-core matvec and short-prompt GEMM (kernels/gemm_frag.cu) take rows of at least this many columns:
 # narrower, their blocks (32 rows, a warp per 256 columns) are too few and short (H200, Qwen3-0.6B, mostly
@@ -140,23 +137,11 @@ class Group(NamedTuple):
     units: int  # blocks over all the rows (the bulk matvec's: at most its blocks an SM, each walking several)
     threads: int
     weights: tuple  # the arguments before x ("x16": its int16 blocks) and the products: W0, W1, W2 (absent: 0)
-    rows: tuple  # after them: rows0, rows1, rows2 (absent: 0), n_cols (the bulk matvec's: then its splits' arguments)
+    rows: tuple  # after them: rows0, rows1, rows2 (absent: 0), n_cols
     absent: list[int]  # 0 for each absent weight's product
     n_rows: list[int]
     splits: dict[int, tuple]  # "blocks": token tiles of 32 -> (grid z, each weight's splits), gemm_splits on first use
     shared: int = 0  # dynamic shared memory a block
-
-
-def bulk_splits(groups: int, stages: int, blocks: int) -> int:
-    """Into how many units of as many stages the bulk matvec cuts each group of 32 rows (kernels/matvec_x16_mma.cu):
-    the divisor of its stages that leaves the fewest stages to the busiest of at most `blocks` blocks, the fewest
-    splits of those. Qwen3-8B on an H200 (264 blocks): o's 128 groups of 2 stages 2 (one stage a block, not two),
-    down's 128 of 6 2 (three, not six); q and k's 160 of 2, gate and up's 768, none."""
-    def busiest(d: int) -> int:
-        units = groups * d
-        return -(-units // min(units, blocks)) * (stages // d)
-    return min((d for d in range(1, stages + 1) if stages % d == 0 and (d == 1 or groups * d <= X16_BULK_MAX_UNITS * blocks)),
-               key=lambda d: (busiest(d), d))
 
 
 def gemm_splits(n_rows: Sequence[int], n_cols: int, tiles: int, target: int) -> tuple[int, tuple[int, int, int]]:
@@ -351,9 +336,6 @@ class CudaOps(ExpertOps, DeltaNetOps):
         # sums, their tickets
         groups = -(-self._x16_width // 32)
         norm_bytes = 2 * (aligned(2 * self._x16_width) + aligned(8 * groups)) + aligned(4 * groups) + aligned(4 * groups)
-        # the bulk matvec's splits' sums and tickets (bulk_splits)
-        bulk_blocks = X16_BULK_BLOCKS_AN_SM * self.device.info.multiprocessors
-        norm_bytes += aligned(4 * 32 * X16_BULK_MAX_UNITS * bulk_blocks) + aligned(4 * bulk_blocks)
         scratch += x16_bytes + norm_bytes
         # three pools: decode-sized buffers (a step's addresses never move), the same for captured
         # passes alone (graph.py: one pass's buffers beside the other kept graphs' logits), and whole-pass ones
@@ -388,10 +370,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._norm_xq, self._norm_xds = s.carve(2 * self._x16_width), s.carve(8 * groups)
         self._gated_x16 = X16(s.carve(2 * self._x16_width), s.carve(8 * groups))
         self._norm_sums, self._tickets = s.carve(4 * groups), s.carve(4 * groups)
-        bulk_blocks = X16_BULK_BLOCKS_AN_SM * self.device.info.multiprocessors
-        self._split_sums, self._split_tickets = s.carve(4 * 32 * X16_BULK_MAX_UNITS * bulk_blocks), s.carve(4 * bulk_blocks)
         self.device.drv.cuMemsetD32Async(self._tickets, 0, groups, self.device.stream)
-        self.device.drv.cuMemsetD32Async(self._split_tickets, 0, bulk_blocks, self.device.stream)
         # (token class, the weights' addresses: carved once, never shared) -> the matmul's launches (_plan)
         self._plans: dict[tuple[int, ...], list[Group | tuple[Weight, str]]] = {}
 
@@ -653,8 +632,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         """A run's launch: made when the run is first multiplied, once its weights have arrived."""
         absent, rows, n_cols = FUSED_WEIGHTS - len(group), [w.n_rows for w in group], group[0].n_cols
         weights, suffix = (*[self._ready(w) for w in group], *(0,) * absent), kernel_suffix(group[0].ggml_type)
-        shared, most, after = 0, None, ()  # dynamic shared memory a block; the most blocks a launch; arguments after n_cols
-        splits = 1  # units a group of rows is cut into
+        shared, most = 0, None  # dynamic shared memory a block; the most blocks a launch
         if path == "blocks":  # kernels/gemm.cu: 32 rows x 32 tokens a block, straight from the GGUF blocks
             kernel, per, threads = f"gemm_{suffix}", 32, 256
         elif path == "frag":
@@ -666,13 +644,11 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 kernel, threads, shared = f"matvec_x16_bulk_{suffix}", 32 * X16_MMA_WARPS, X16_BULK_SHARED
                 most = X16_BULK_BLOCKS_AN_SM * self.device.info.multiprocessors
                 self.device.allow_shared(kernel, shared)
-                splits = bulk_splits(sum(-(-r // per) for r in rows), n_cols // X16_BULK_STAGE_COLS, most)
-                after = (splits, self._split_sums, self._split_tickets)
         else:  # kernels/matvec_x16.cu: 2 rows a block (one token: 4), a warp per 1,024 columns (32 units), at most 4
             kernel, per = (f"matvec_x16_1_{suffix}", X16_DECODE_ROWS) if n_tok == 1 else (f"matvec_x16_{suffix}", 2)
             threads = 32 * min(4, -(-n_cols // 1024))
-        units = sum(-(-r // per) for r in rows) * splits
-        return Group(path, kernel, min(units, most or units), threads, weights, (*rows, *(0,) * absent, n_cols, *after),
+        units = sum(-(-r // per) for r in rows)
+        return Group(path, kernel, min(units, most or units), threads, weights, (*rows, *(0,) * absent, n_cols),
                      [0] * absent, rows, {}, shared)
 
     def _matmul(self, x: Tensor, plan: list[Group | tuple[Weight, str]], add: Tensor | None = None) -> list[Tensor]:

@@ -16,7 +16,7 @@ FAMILIES = {
     "matvec_x16": "PPPPPPPPPiiiii",  # matvec_x16.cu
     "matvec_x16_1": "PPPPPPPPPiiiiPfPPPPPPPP",
     "matvec_x16_mma": "PPPPPPPPPiiiiPfPPPPPPPP",  # matvec_x16_mma.cu
-    "matvec_x16_bulk": "PPPPPPPPPiiiiiPPPfPPPPPPPP",
+    "matvec_x16_bulk": "PPPPPPPPPiiiiPfPPPPPPPP",
     "stacked_matvec": "PqPPPiiiii",  # moe.cu
     "experts_down": "PqPPPPiii",
 }
