@@ -278,6 +278,7 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
         const int i = fused_part(u, X16_DECODE_ROWS, rows0, rows1);                                         \
         matvec_x16<B, X16_DECODE_ROWS, 1>(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, \
                                           u * X16_DECODE_ROWS, pick(i, rows0, rows1, rows2), n_cols, 1, x_sums, eps); \
+        if (threadIdx.x >= WARP) return; /* warp 0 stored the block's rows */                               \
         if (norm_w)                                                                                         \
             store_normed_when_whole<X16_DECODE_ROWS>(y0, u * X16_DECODE_ROWS, {norm_w, norm_xq, norm_xds, norm_sums}, \
                                                      tickets);                                              \

@@ -153,7 +153,8 @@ __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, c
         if (c == 0) partial[warp][g + 8 * r] = v;
     }
     __syncthreads();
-    if (warp == 0) store_group(partial, n_warps, y, add, row0, n_rows, scale, norm);
+    if (warp != 0) return;
+    store_group(partial, n_warps, y, add, row0, n_rows, scale, norm);
     if (gated.h) store_gated_when_whole<XM_ROWS>(gate, up, row0, gated, tickets);
 }
 
@@ -299,15 +300,12 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
             }
         }
         __syncthreads();  // the slot is free, the group's partial sums are in
-        if (last && warp == 0) {
+        if (last && warp == 0) {  // the other warps go on to the next stage
             int i;
             const int u = group_of(k, i);
             store_group(mine, XM_WARPS, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS, pick(i, rows0, rows1, rows2),
                         scale, norm);
-        }
-        if (last && gated.h) {
-            int i;
-            store_gated_when_whole<XM_ROWS>(y0, y1, group_of(k, i) * XM_ROWS, gated, tickets);
+            if (gated.h) store_gated_when_whole<XM_ROWS>(y0, y1, u * XM_ROWS, gated, tickets);
         }
         if (warp == 0 && k + XB_STAGES < n_steps) issue(k + XB_STAGES);
     }

@@ -77,18 +77,16 @@ struct GatedOut {
     float2* xds;
 };
 
-// The classic last-block reduction: after a block stored its share of a group's rows, whether it is the last
-// of the group's `blocks` blocks to do so (a ticket after a fence); tickets[group] is 0 again after the last.
-// Every thread of the block calls it.
+// The classic last-block reduction: after a block's warp 0 stored the block's share of a group's rows, whether
+// the block is the last of the group's `blocks` blocks to do so (a ticket after a fence); tickets[group] is 0
+// again after the last. Every lane of warp 0 calls it, and only they: the other warps need not wait.
 __device__ __forceinline__ bool last_of_group(int* tickets, int group, int blocks) {
-    __shared__ bool last;
-    __threadfence();  // this block's rows, before its ticket
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(&tickets[group], 1) == blocks - 1;
-        if (last) tickets[group] = 0;
-    }
-    __syncthreads();
+    __threadfence();  // this lane's rows, before the ticket
+    __syncwarp();
+    int ticket = 0;
+    if (threadIdx.x == 0) ticket = atomicAdd(&tickets[group], 1);
+    const bool last = __shfl_sync(0xffffffffu, ticket, 0) == blocks - 1;
+    if (last && threadIdx.x == 0) tickets[group] = 0;
     return last;
 }
 
@@ -99,24 +97,24 @@ __device__ __forceinline__ void store_normed(float y, int row, const NormOut& n)
     store_x16<1>({__fmul_rn(y, n.w[row])}, true, row, n.xq, n.xds);
 }
 
-// After a block stored its rows r0.. r0 + ROWS - 1 of y: the last of the 32 / ROWS blocks of their group to do
-// so writes the group's share of the norm. Every thread of the block calls it.
+// After a block's warp 0 stored its rows r0.. r0 + ROWS - 1 of y: the last of the 32 / ROWS blocks of their group
+// to do so writes the group's share of the norm. Every lane of warp 0 calls it.
 template <int ROWS>
 __device__ __forceinline__ void store_normed_when_whole(const float* y, int r0, const NormOut& n, int* tickets) {
     static_assert(32 % ROWS == 0, "a group's rows lie in whole blocks");
     const int group = r0 / 32;
-    if (last_of_group(tickets, group, 32 / ROWS) && threadIdx.x < WARP)
+    if (last_of_group(tickets, group, 32 / ROWS))
         store_normed(__ldcg(y + 32 * group + threadIdx.x), 32 * group + threadIdx.x, n);
 }
 
-// After a block stored its rows r0.. r0 + ROWS - 1 of gate or up: the last of the 2 · 32 / ROWS blocks of their
-// group in either to do so writes the group's SwiGLU (GatedOut). Every thread of the block calls it.
+// After a block's warp 0 stored its rows r0.. r0 + ROWS - 1 of gate or up: the last of the 2 · 32 / ROWS blocks of
+// their group in either to do so writes the group's SwiGLU (GatedOut). Every lane of warp 0 calls it.
 template <int ROWS>
 __device__ __forceinline__ void store_gated_when_whole(const float* gate, const float* up, int r0, const GatedOut& o,
                                                        int* tickets) {
     static_assert(32 % ROWS == 0, "a group's rows lie in whole blocks");
     const int group = r0 / 32, i = 32 * group + threadIdx.x;
-    if (last_of_group(tickets, group, 2 * 32 / ROWS) && threadIdx.x < WARP) {
+    if (last_of_group(tickets, group, 2 * 32 / ROWS)) {
         const float h = swiglu_of(__ldcg(gate + i), __ldcg(up + i));
         o.h[i] = h;
         store_x16<1>({h}, true, i, o.xq, o.xds);
