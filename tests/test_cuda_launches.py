@@ -244,7 +244,7 @@ def norm_between_matvecs(lib, then):
     def arg(args, i):
         return int.from_bytes(args[i], "little") != 0
 
-    matvec = param_format("matvec_x16_1_q4_K").index("Pf")  # x_sums, eps, then norm_w, ..., gated at + 6
+    matvec = param_format("matvec_x16_1_q4_K").index("Pf")  # x_sums, eps, then norm_w
     return [(name, arg(args, matvec + 2), arg(args, matvec)) if name.startswith("matvec") else
             (name, arg(args, 5) if name == "norm_f32" else None, None) for name, *_, args in lib.launches]
 
@@ -262,26 +262,6 @@ def test_a_norm_between_one_tokens_matvecs_is_theirs(fake):  # noqa: F811
 
     launches = norm_between_matvecs(fake(), then_read)
     assert launches[1:] == [("matvec_x16_1_q4_K", True, False), ("matvec_x16_1_q4_K", False, True), ("norm_f32", False, None)]
-
-
-def test_a_swiglu_after_one_tokens_gate_and_up_is_their_launchs(fake):  # noqa: F811
-    """gate and up's launch writes silu(gate)·up and its int16 blocks (x16.cuh GatedOut), for the norm's
-    readers too; anything else first makes it as it is, then the SwiGLU's own launch."""
-    lib = fake()
-    gated = param_format("matvec_x16_1_q4_K").index("Pf") + 6
-
-    def then(ops, normed, w, between=None):
-        gate, up = ops.matmuls(normed, [w, w])
-        if between:
-            between(ops, gate)
-        ops.matmul(ops.swiglu(gate, up), w)
-
-    for between, names in ((None, ["matvec_x16_1_q4_K", "matvec_x16_1_q4_K"]),
-                           (lambda ops, gate: ops.add(gate, gate), ["matvec_x16_1_q4_K", "add_f32", "swiglu_f32", "matvec_x16_1_q4_K"])):
-        launches = norm_between_matvecs(lib, lambda ops, normed, w: then(ops, normed, w, between))
-        assert [name for name, *_ in launches[2:]] == names
-        first = next(args for name, *_, args in lib.launches[2:] if name.startswith("matvec"))
-        assert (int.from_bytes(first[gated], "little") != 0) == (between is None)
 
 
 def test_a_norm_whose_output_something_else_reads_first_runs_as_it_is(fake):  # noqa: F811
@@ -328,8 +308,8 @@ def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
     assert names.count("attention") == 2 and "attention_combine" not in names
     assert "take_rows_f32" not in names  # its one row is the logits row: nothing to take
     # the norms after o and down (ffn, the next layer's attention, the output's) are theirs and the next
-    # matvecs': only the first layer's, after the embedding, is a launch of its own; the SwiGLUs are gate and up's
-    assert names.count("norm_f32") == 1 and "swiglu_f32" not in names and "quantize_x16" not in names
+    # matvecs': only the first layer's, after the embedding, is a launch of its own
+    assert names.count("norm_f32") == 1 and "quantize_x16" not in names
 
 
 def test_a_short_prompts_gemm_splits_the_columns_of_weights_too_small_to_fill_the_gpu():

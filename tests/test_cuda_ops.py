@@ -251,36 +251,6 @@ def test_a_norm_between_one_tokens_matvecs_is_theirs_within_int16_rounding(gpu, 
         assert rel_err(got, unfused.astype(np.float64)) < 1e-4
 
 
-@pytest.mark.parametrize("qtype,width,n_ff", [("Q4_K", 512, 1024), ("Q8_0", 1024, 512), ("Q4_K", 4096, 12288)],
-                         ids=["q4_K", "q8_0", "tensor-cores"])
-def test_a_swiglu_after_one_tokens_gate_and_up_is_their_launchs_to_the_bit(gpu, monkeypatch, qtype, width, n_ff):
-    """gate and up's one launch (width -> n_ff each) writes silu(gate)·up and its int16 blocks (x16.cuh
-    GatedOut: the last block of a group's rows in either): the SwiGLU's launch's bits, and down's product of
-    them too; both within float rounding of the reference's."""
-    gate, up, down = both(gpu, qtype, n_ff, width), both(gpu, qtype, n_ff, width), both(gpu, "Q6_K", width, n_ff)
-    x = rng.standard_normal((1, width)).astype(np.float32)
-    launched = []
-    launch = gpu.device.launch
-    monkeypatch.setattr(gpu.device, "launch", lambda name, *a: (launched.append(name), launch(name, *a)))
-    runs = {}
-    try:
-        for fused in (True, False):
-            gpu.fuse_norms = fused
-            launched.clear()
-            h = gpu.swiglu(*gpu.matmuls(host(gpu, x), [gate[1], up[1]]))
-            y = gpu.matmul(h, down[1])
-            assert ("swiglu_f32" in launched) != fused, fused
-            runs[fused] = gpu.to_host(h), gpu.to_host(y)
-    finally:
-        gpu.fuse_norms = True
-    for got, want in zip(runs[True], runs[False]):
-        np.testing.assert_array_equal(got, want)
-    xr = x16_rounded(x)
-    h_ref = cpu.swiglu(cpu.matmul(xr, gate[0]), cpu.matmul(xr, up[0]))
-    assert rel_err(runs[True][0], h_ref.astype(np.float64)) < 1e-5
-    assert rel_err(runs[True][1], cpu.matmul(x16_rounded(h_ref), down[0]).astype(np.float64)) < 1e-4
-
-
 @pytest.mark.parametrize("qtype,n_rows,n_cols", [("Q4_K", 96, 512), ("Q8_0", 300, 512), ("Q4_1", 96, 512), ("F16", 300, 512),
                                                  ("Q4_K", 70, 4096)])  # int16 and float passes (one token: tensor cores); GEMMs
 def test_matmul_sums_the_residual_it_is_given_into_the_product(gpu, qtype, n_rows, n_cols):

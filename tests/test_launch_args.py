@@ -23,7 +23,7 @@ GREEDY = SamplingParams(temperature=0)
 
 
 def test_every_kernel_in_the_source_has_its_c_signature_in_params_py():
-    assert len(SOURCE) > 130 and SOURCE["matvec_x16_1_q6_K"] == "PPPPPPPPPiiiiPfPPPPPPPP" and SOURCE["to_f16"] == "PPq"
+    assert len(SOURCE) > 130 and SOURCE["matvec_x16_1_q6_K"] == "PPPPPPPPPiiiiPfPPPPP" and SOURCE["to_f16"] == "PPq"
     wrong = {name: (param_format(name), fmt) for name, fmt in SOURCE.items() if param_format(name) != fmt}
     assert not wrong, f"params.py (first) disagrees with kernels/*.cu (second): {wrong}"
     assert not set(KERNELS) - set(SOURCE), "params.py names kernels kernels/*.cu lacks"

@@ -67,9 +67,6 @@ __device__ __forceinline__ int fused_part(int& u, int per, int rows0, int rows1)
 template <class T>
 __device__ __forceinline__ T pick(int i, T a, T b, T c) { return i == 0 ? a : i == 1 ? b : c; }
 
-// SwiGLU's gate applied to up: silu(g)·u, as the numpy backend rounds it.
-__device__ __forceinline__ float swiglu_of(float g, float u) { return __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), u); }
-
 // Asks L2 for the line holding p, so a thread has more bytes in flight than its registers hold.
 // Not on sm_120: NVRTC 12.9 crashed (SIGSEGV) compiling the matvecs' prefetches for it (2026-12-01).
 __device__ __forceinline__ void prefetch_l2(const void* p) {

@@ -96,7 +96,7 @@ extern "C" __global__ void swiglu_f32(const float* gate, const float* up, float*
     follow_previous_kernel();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const bool in = i < n;  // lanes past n still take part in store_x16's shuffles
-    const float v = in ? swiglu_of(gate[i], up[i]) : 0.0f;
+    const float g = in ? gate[i] : 0.0f, v = in ? __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), up[i]) : 0.0f;
     if (in) y[i] = v;
     if (xq) store_x16<1>({v}, in, (int)i, xq, xds);
 }

@@ -253,8 +253,8 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
 // matvec_x16_1_<type>: the same for one token, X16_DECODE_ROWS rows a block; grid = Σ ceil(rows_i / X16_DECODE_ROWS);
 // 6 blocks an SM, 80 registers: left to itself ptxas took 80-114 by type, and 4-5 blocks (H200, Qwen3-8B Q4_K_M
 // decode 416.4 tok/s at 6 against 413.6, docs/perf-notes.md run 17).
-// It may read a norm's output (x_sums, eps), and with rows of whole groups of 32 write, from one weight, the
-// next norm's share (norm_w ...: x16.cuh NormOut) or, from two (gate and up), their SwiGLU (gated ...: GatedOut).
+// It may read a norm's output (x_sums, eps) and, with one weight of whole groups of 32 rows, write the next
+// norm's share (norm_w ...: x16.cuh NormOut).
 #define MATVEC_X16_KERNEL(name, B)                                                                          \
     extern "C" __global__ void __launch_bounds__(X16_THREADS, 5)                                            \
         matvec_x16_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,       \
@@ -273,17 +273,15 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
                             const float2* xds, float* y0, float* y1, float* y2, const float* add, int rows0, \
                             int rows1, int rows2, int n_cols, const float* x_sums, float eps,               \
                             const float* norm_w, uint8_t* norm_xq, float2* norm_xds, float* norm_sums,      \
-                            float* gated, uint8_t* gated_xq, float2* gated_xds, int* tickets) {             \
+                            int* tickets) {                                                                 \
         int u = blockIdx.x;                                                                                 \
         const int i = fused_part(u, X16_DECODE_ROWS, rows0, rows1);                                         \
         matvec_x16<B, X16_DECODE_ROWS, 1>(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, \
                                           u * X16_DECODE_ROWS, pick(i, rows0, rows1, rows2), n_cols, 1, x_sums, eps); \
         if (threadIdx.x >= WARP) return; /* warp 0 stored the block's rows */                               \
         if (norm_w)                                                                                         \
-            store_normed_when_whole<X16_DECODE_ROWS>(y0, u * X16_DECODE_ROWS, {norm_w, norm_xq, norm_xds, norm_sums}, \
-                                                     tickets);                                              \
-        if (gated)                                                                                          \
-            store_gated_when_whole<X16_DECODE_ROWS>(y0, y1, u * X16_DECODE_ROWS, {gated, gated_xq, gated_xds}, tickets); \
+            store_normed_when_whole<X16_DECODE_ROWS>(y0, u * X16_DECODE_ROWS,                               \
+                                                     {norm_w, norm_xq, norm_xds, norm_sums, tickets});      \
     }
 MATVEC_X16_KERNEL(q4_0, block_q4_0)
 MATVEC_X16_KERNEL(q5_0, block_q5_0)

@@ -117,13 +117,11 @@ __device__ __forceinline__ void store_group(const float (&partial)[XM_WARPS][XM_
 // Rows row0.. row0 + 31 of y for one token; every thread of the block calls it, and it waits for the
 // kernel before (follow_previous_kernel) once the warp's first superblock of weights, which no kernel
 // writes, is asked for: a block launched while that kernel runs has them in flight meanwhile. x_sums: x is
-// a norm's output (x16.cuh NormOut); norm.w: the next norm's share is written; gated.h: y is gate's or up's
-// (y0, y1), whose SwiGLU is written (GatedOut).
+// a norm's output (x16.cuh NormOut); norm.w: the next norm's share is written.
 __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, const uint8_t* __restrict__ xq,
                                                 const float2* __restrict__ xds, float* __restrict__ y,
                                                 const float* __restrict__ add, int row0, int n_rows, int n_cols,
-                                                const float* x_sums, float eps, const NormOut& norm,
-                                                const float* gate, const float* up, const GatedOut& gated, int* tickets) {
+                                                const float* x_sums, float eps, const NormOut& norm) {
     __shared__ float partial[XM_WARPS][XM_ROWS];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
     const int g = lane / 4, c = lane % 4, n_super = n_cols / 256;
@@ -153,26 +151,22 @@ __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, c
         if (c == 0) partial[warp][g + 8 * r] = v;
     }
     __syncthreads();
-    if (warp != 0) return;
-    store_group(partial, n_warps, y, add, row0, n_rows, scale, norm);
-    if (gated.h) store_gated_when_whole<XM_ROWS>(gate, up, row0, gated, tickets);
+    if (warp == 0) store_group(partial, n_warps, y, add, row0, n_rows, scale, norm);
 }
 
 // y_i (rows_i) = x_deq · W_iᵀ for one token and up to three Q4_K weights (common.cuh fused_part; + add,
 // as y0, where not null), from the int16 blocks xq, xds of x (n_cols); as matvec_x16_1_<type>, it may read
-// a norm's output (x_sums, eps) and, with rows of whole groups, write the next norm's share (norm_w ...) or
-// gate and up's SwiGLU (gated ...).
+// a norm's output (x_sums, eps) and, with one weight of whole groups, write the next norm's share (norm_w ...).
 // LAUNCH: block = 32 · min(XM_WARPS, n_cols / 256); grid = Σ ceil(rows_i / XM_ROWS); n_cols % 256 == 0.
 extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, 2)
     matvec_x16_mma_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds,
                         float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols,
                         const float* x_sums, float eps, const float* norm_w, uint8_t* norm_xq, float2* norm_xds,
-                        float* norm_sums, float* gated, uint8_t* gated_xq, float2* gated_xds, int* tickets) {
+                        float* norm_sums, int* tickets) {
     int u = blockIdx.x;
     const int i = fused_part(u, XM_ROWS, rows0, rows1);
     matvec_mma_q4_K(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS,
-                    pick(i, rows0, rows1, rows2), n_cols, x_sums, eps, {norm_w, norm_xq, norm_xds, norm_sums}, y0, y1,
-                    {gated, gated_xq, gated_xds}, tickets);
+                    pick(i, rows0, rows1, rows2), n_cols, x_sums, eps, {norm_w, norm_xq, norm_xds, norm_sums, tickets});
 }
 
 // The same products with the weights streamed into shared memory by the copy engine (sm_90's
@@ -246,7 +240,7 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
                                                  const uint8_t* __restrict__ xq, const float2* __restrict__ xds,
                                                  float* y0, float* y1, float* y2, const float* __restrict__ add,
                                                  int rows0, int rows1, int rows2, int n_cols, const float* x_sums,
-                                                 float eps, const NormOut& norm, const GatedOut& gated, int* tickets) {
+                                                 float eps, const NormOut& norm) {
     extern __shared__ __align__(128) uint8_t stages[];
     __shared__ uint64_t full[XB_STAGES];
     __shared__ float partial[2][XM_WARPS][XM_ROWS];  // by the group's parity: the last one's may still be read
@@ -305,7 +299,6 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
             const int u = group_of(k, i);
             store_group(mine, XM_WARPS, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS, pick(i, rows0, rows1, rows2),
                         scale, norm);
-            if (gated.h) store_gated_when_whole<XM_ROWS>(y0, y1, u * XM_ROWS, gated, tickets);
         }
         if (warp == 0 && k + XB_STAGES < n_steps) issue(k + XB_STAGES);
     }
@@ -319,7 +312,7 @@ extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, XB_BLOCKS_AN_SM)
     matvec_x16_bulk_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds,
                          float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols,
                          const float* x_sums, float eps, const float* norm_w, uint8_t* norm_xq, float2* norm_xds,
-                         float* norm_sums, float* gated, uint8_t* gated_xq, float2* gated_xds, int* tickets) {
+                         float* norm_sums, int* tickets) {
     matvec_bulk_q4_K(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols, x_sums, eps,
-                     {norm_w, norm_xq, norm_xds, norm_sums}, {gated, gated_xq, gated_xds}, tickets);
+                     {norm_w, norm_xq, norm_xds, norm_sums, tickets});
 }

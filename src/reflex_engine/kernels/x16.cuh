@@ -66,29 +66,8 @@ struct NormOut {
     uint8_t* xq;
     float2* xds;
     float* sums;  // Σ y² of each group
+    int* tickets;  // blocks of each group done, for kernels whose blocks hold fewer than 32 rows (0 after)
 };
-
-// SwiGLU after the decode matvec of gate and up (two weights of one launch, rows of whole groups of 32):
-// the last block to store a group's rows of either writes silu(gate)·up of them and its int16 blocks, so
-// that the down matvec reads them with no launch between (ops.py swiglu).
-struct GatedOut {
-    float* h;  // null: no SwiGLU
-    uint8_t* xq;
-    float2* xds;
-};
-
-// The classic last-block reduction: after a block's warp 0 stored the block's share of a group's rows, whether
-// the block is the last of the group's `blocks` blocks to do so (a ticket after a fence); tickets[group] is 0
-// again after the last. Every lane of warp 0 calls it, and only they: the other warps need not wait.
-__device__ __forceinline__ bool last_of_group(int* tickets, int group, int blocks) {
-    __threadfence();  // this lane's rows, before the ticket
-    __syncwarp();
-    int ticket = 0;
-    if (threadIdx.x == 0) ticket = atomicAdd(&tickets[group], 1);
-    const bool last = __shfl_sync(0xffffffffu, ticket, 0) == blocks - 1;
-    if (last && threadIdx.x == 0) tickets[group] = 0;
-    return last;
-}
 
 // Lane l of the warp holds y[32·g + l] of group g (every lane calls it).
 __device__ __forceinline__ void store_normed(float y, int row, const NormOut& n) {
@@ -98,27 +77,19 @@ __device__ __forceinline__ void store_normed(float y, int row, const NormOut& n)
 }
 
 // After a block's warp 0 stored its rows r0.. r0 + ROWS - 1 of y: the last of the 32 / ROWS blocks of their group
-// to do so writes the group's share of the norm. Every lane of warp 0 calls it.
+// to do so (a ticket after a fence: the classic last-block reduction) writes the group's share of the norm. Every
+// lane of warp 0 calls it, and only they.
 template <int ROWS>
-__device__ __forceinline__ void store_normed_when_whole(const float* y, int r0, const NormOut& n, int* tickets) {
+__device__ __forceinline__ void store_normed_when_whole(const float* y, int r0, const NormOut& n) {
     static_assert(32 % ROWS == 0, "a group's rows lie in whole blocks");
     const int group = r0 / 32;
-    if (last_of_group(tickets, group, 32 / ROWS))
-        store_normed(__ldcg(y + 32 * group + threadIdx.x), 32 * group + threadIdx.x, n);
-}
-
-// After a block's warp 0 stored its rows r0.. r0 + ROWS - 1 of gate or up: the last of the 2 · 32 / ROWS blocks of
-// their group in either to do so writes the group's SwiGLU (GatedOut). Every lane of warp 0 calls it.
-template <int ROWS>
-__device__ __forceinline__ void store_gated_when_whole(const float* gate, const float* up, int r0, const GatedOut& o,
-                                                       int* tickets) {
-    static_assert(32 % ROWS == 0, "a group's rows lie in whole blocks");
-    const int group = r0 / 32, i = 32 * group + threadIdx.x;
-    if (last_of_group(tickets, group, 2 * 32 / ROWS)) {
-        const float h = swiglu_of(__ldcg(gate + i), __ldcg(up + i));
-        o.h[i] = h;
-        store_x16<1>({h}, true, i, o.xq, o.xds);
-    }
+    __threadfence();  // this lane's rows, before the ticket
+    __syncwarp();
+    int ticket = 0;
+    if (threadIdx.x == 0) ticket = atomicAdd(&n.tickets[group], 1);
+    if (__shfl_sync(0xffffffffu, ticket, 0) != 32 / ROWS - 1) return;
+    if (threadIdx.x == 0) n.tickets[group] = 0;
+    store_normed(__ldcg(y + 32 * group + threadIdx.x), 32 * group + threadIdx.x, n);
 }
 
 // 1 / sqrt(Σ sums / n + eps) over the n / 32 groups' sums, in every lane of the warp (every lane calls it),

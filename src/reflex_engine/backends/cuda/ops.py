@@ -175,20 +175,17 @@ class X16(NamedTuple):
 
 
 class HeldProduct(NamedTuple):
-    """A one-token matvec's launch held back for the op after it, which may give it more to write: the
-    residual's (one weight, the residual summed in) for a norm of it (CudaOps.rms_norm), gate and up's for
-    their SwiGLU (CudaOps.swiglu)."""
-    outs: tuple[Tensor, ...]
+    """A one-token matvec with the residual summed in, its launch held back for a norm of its product
+    (CudaOps.rms_norm)."""
+    out: Tensor
     kernel: str
     units: int
     threads: int
-    args: tuple  # every argument before its epilogue's (NO_NORM, NO_GATED, tickets where it writes neither)
+    args: tuple  # every argument before the norm's (NO_NORM where it writes none)
     shared: int
 
 
-# a decode matvec's epilogue (kernels/x16.cuh): norm_w, norm_xq, norm_xds, norm_sums (NormOut); gated, gated_xq,
-# gated_xds (GatedOut); then the tickets of both
-NO_NORM, NO_GATED = (0, 0, 0, 0), (0, 0, 0)
+NO_NORM = (0, 0, 0, 0, 0)  # a decode matvec's norm_w, norm_xq, norm_xds, norm_sums, tickets
 _ADDRESS = Tensor.__dict__["ptr"]  # Tensor's own slot, under NormedTensor's property
 
 
@@ -293,9 +290,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._captured_ints: dict[str, list[int]] | None = None  # while graph.py captures a pass
         self._readback = None  # pinned slots the sampler reads its device-made choices back through (cuda/sampler.py), made at its first `ahead`
         self._held_rope: HeldRope | None = None  # q and k's rope while the device holds its launch back
-        self._held_product: HeldProduct | None = None  # a decode matvec while the device holds its launch back
-        self._pending_norm: PendingNorm | None = None  # a norm of its product, while the device holds both
-        # a one-token pass's norms and SwiGLUs taken over by the matvecs around them (_fuse_norm, swiglu)
+        self._held_product: HeldProduct | None = None  # a residual's matvec while the device holds its launch back
+        self._pending_norm: PendingNorm | None = None  # its norm, while the device holds both
+        # a one-token pass's norms taken over by the matvecs around them (_fuse_norm)
         self.fuse_norms = True
         self.graphs = os.environ.get("REFLEX_CUDA_GRAPHS") != "0"  # replay repeated passes as CUDA graphs
         self._bulk_copies = self.device.info.compute_capability >= (9, 0)  # cp.async.bulk: the bulk matvec
@@ -332,10 +329,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
         # a matvec pass's x as int16 blocks (2 bytes an element, then 8 bytes (d, d·Σq) a block of 32)
         self._x16_width = max([activation_width] + [shape[0] for _, shape in tensors if len(shape) == 2])
         x16_bytes = aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width) + aligned(MATVEC_PASSES_MAX_TOKENS * self._x16_width // 4)
-        # a fused norm's (_fuse_norm) and SwiGLU's (swiglu): one token's int16 blocks each, the norm's groups of 32's
-        # sums, their tickets
+        # a fused norm's (_fuse_norm): one token's int16 blocks, then each group of 32's sum and ticket
         groups = -(-self._x16_width // 32)
-        norm_bytes = 2 * (aligned(2 * self._x16_width) + aligned(8 * groups)) + aligned(4 * groups) + aligned(4 * groups)
+        norm_bytes = aligned(2 * self._x16_width) + aligned(8 * groups) + aligned(4 * groups) + aligned(4 * groups)
         scratch += x16_bytes + norm_bytes
         # three pools: decode-sized buffers (a step's addresses never move), the same for captured
         # passes alone (graph.py: one pass's buffers beside the other kept graphs' logits), and whole-pass ones
@@ -367,9 +363,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._xds = self._xq + aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width)
         self._plain_x16 = X16(self._xq, self._xds)
         self._x16_of: tuple[Tensor, int, X16] | None = None  # (tensor, elements, where) of the int16 blocks made last
-        self._norm_xq, self._norm_xds = s.carve(2 * self._x16_width), s.carve(8 * groups)
-        self._gated_x16 = X16(s.carve(2 * self._x16_width), s.carve(8 * groups))
-        self._norm_sums, self._tickets = s.carve(4 * groups), s.carve(4 * groups)
+        self._norm_xq = s.carve(2 * self._x16_width)
+        self._norm_xds, self._norm_sums, self._tickets = s.carve(8 * groups), s.carve(4 * groups), s.carve(4 * groups)
         self.device.drv.cuMemsetD32Async(self._tickets, 0, groups, self.device.stream)
         # (token class, the weights' addresses: carved once, never shared) -> the matmul's launches (_plan)
         self._plans: dict[tuple[int, ...], list[Group | tuple[Weight, str]]] = {}
@@ -529,7 +524,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
 
     def rms_norm(self, x: Tensor, weight: Weight, eps: float) -> Tensor:
         product = self._held_product
-        if product is not None and product.outs == (x,) and weight.n_cols == x.cols:
+        if product is not None and product.out is x and weight.n_cols == x.cols:
             # x is a held one-token matvec's: it may write this norm's int16 blocks and the matvecs after
             # finish it (_fuse_norm); the next launch of anything else makes both as they are first
             self.device.take_held()
@@ -552,17 +547,16 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self.device.launch("norm_f32", (x.rows * x.cols // d, splits), block,
                            (x.ptr, self._ready(weight), out, d, eps) + (self._x16_beside(beside) if beside else (0, 0)))
 
-    def _launch_product(self, product: HeldProduct, norm: tuple = NO_NORM, gated: tuple = NO_GATED) -> None:
+    def _launch_product(self, product: HeldProduct, norm: tuple) -> None:
         if self._held_product is product:
             self._held_product = None
-        self.device.launch(product.kernel, (product.units,), product.threads, (*product.args, *norm, *gated, self._tickets),
-                           product.shared)
+        self.device.launch(product.kernel, (product.units,), product.threads, product.args + norm, product.shared)
 
     def _launch_unfused(self, pending: PendingNorm) -> None:
         """A pending norm's matvec and the norm itself, as they are."""
         if self._pending_norm is pending:
             self._pending_norm = None
-        self._launch_product(pending.product)
+        self._launch_product(pending.product, NO_NORM)
         self._launch_norm(pending.x, pending.weight, pending.eps, _ADDRESS.__get__(pending.out), pending.out)
 
     def _fuse_norm(self, pending: PendingNorm) -> None:
@@ -572,7 +566,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         and one wait fewer a norm: H200, Qwen3-8B, docs/perf-notes.md run 17)."""
         self.device.take_held()
         self._pending_norm = None
-        self._launch_product(pending.product, norm=(self._ready(pending.weight), self._norm_xq, self._norm_xds, self._norm_sums))
+        self._launch_product(pending.product, (self._ready(pending.weight), self._norm_xq, self._norm_xds,
+                                               self._norm_sums, self._tickets))
         out, x, weight, eps = pending.out, pending.x, pending.weight, pending.eps
         self._x16_of = (out, out.cols, X16(self._norm_xq, self._norm_xds, self._norm_sums, eps))
         address = _ADDRESS.__get__(out)
@@ -698,24 +693,15 @@ class CudaOps(ExpertOps, DeltaNetOps):
                            (*g.weights, src.xq, src.xds, *products, *g.rows, x.rows))
                 continue
             args = (*g.weights, src.xq, src.xds, *products, *g.rows, src.sums, src.eps)
-            if self._holds(g, len(plan), add, src):
-                # held for the op after it, which may give it more to write (rms_norm, swiglu)
-                product = self._held_product = HeldProduct(tuple(outs[-len(g.n_rows):]), g.kernel, g.units, g.threads, args, g.shared)
-                dev.hold(lambda: self._launch_product(product))
+            rows = g.n_rows[0]
+            if self.fuse_norms and add is not None and len(plan) == 1 and len(g.n_rows) == 1 and rows % 32 == 0 \
+                    and rows <= self._x16_width and not src.sums:
+                # the residual stream: held for a norm of it, which this launch may take a share of (rms_norm)
+                product = self._held_product = HeldProduct(outs[0], g.kernel, g.units, g.threads, args, g.shared)
+                dev.hold(lambda: self._launch_product(product, NO_NORM))
             else:
-                dev.launch(g.kernel, (g.units,), g.threads, (*args, *NO_NORM, *NO_GATED, self._tickets), g.shared)
+                dev.launch(g.kernel, (g.units,), g.threads, args + NO_NORM, g.shared)
         return outs
-
-    def _holds(self, g: Group, launches: int, add: Tensor | None, src: X16) -> bool:
-        """Whether a one-token matmul's launch waits for the op after it: the residual's (one weight, add given)
-        may write the norm of its product, gate and up's (two weights of the same rows) their SwiGLU, each in
-        int16 blocks of its own, never those it reads; the rows in whole groups of 32 (kernels/x16.cuh)."""
-        rows = g.n_rows[0]
-        if not self.fuse_norms or launches != 1 or rows % 32 or rows > self._x16_width:
-            return False
-        if len(g.n_rows) == 1:
-            return add is not None and src.xq != self._norm_xq
-        return len(g.n_rows) == 2 and add is None and g.n_rows[1] == rows and src.xq != self._gated_x16.xq
 
     def _matmul_one(self, x: Tensor, weight: Weight, path: str, add: Tensor | None) -> Tensor:
         """The kernels that take one weight: the float matvec passes and the long-prompt GEMM."""
@@ -764,13 +750,6 @@ class CudaOps(ExpertOps, DeltaNetOps):
 
     def swiglu(self, gate: Tensor, up: Tensor) -> Tensor:
         out = self._new(gate.rows, gate.cols)
-        product = self._held_product
-        if product is not None and product.outs == (gate, up):
-            # gate and up's held launch writes it, and its int16 blocks, with no launch between it and down's
-            self.device.take_held()
-            self._launch_product(product, gated=(out.ptr, *self._gated_x16[:2]))
-            self._x16_of = (out, out.cols, self._gated_x16)
-            return out
         n = gate.rows * gate.cols
         self.device.launch("swiglu_f32", (-(-n // 256),), 256, (gate.ptr, up.ptr, out.ptr, n) + self._x16_beside(out))
         return out

@@ -14,9 +14,9 @@ FAMILIES = {
     "matvec": "PPPiii",  # matvec.cu
     "grouped_matvec": "PqPPPii",
     "matvec_x16": "PPPPPPPPPiiiii",  # matvec_x16.cu
-    "matvec_x16_1": "PPPPPPPPPiiiiPfPPPPPPPP",
-    "matvec_x16_mma": "PPPPPPPPPiiiiPfPPPPPPPP",  # matvec_x16_mma.cu
-    "matvec_x16_bulk": "PPPPPPPPPiiiiPfPPPPPPPP",
+    "matvec_x16_1": "PPPPPPPPPiiiiPfPPPPP",
+    "matvec_x16_mma": "PPPPPPPPPiiiiPfPPPPP",  # matvec_x16_mma.cu
+    "matvec_x16_bulk": "PPPPPPPPPiiiiPfPPPPP",
     "stacked_matvec": "PqPPPiiiii",  # moe.cu
     "experts_down": "PqPPPPiii",
 }
