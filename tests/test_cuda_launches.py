@@ -312,6 +312,18 @@ def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
     assert names.count("norm_f32") == 1 and "quantize_x16" not in names
 
 
+def test_a_prompt_chunk_whose_logits_no_one_wants_multiplies_no_head(fake, monkeypatch):  # noqa: F811
+    """A prompt longer than a pass (ops.MAX_BATCH) runs in chunks; the first one's logits rows are none, and
+    its head matmul is of 0 rows: nothing launched, whichever kernel one row would take."""
+    fake()
+    monkeypatch.setenv("REFLEX_CUDA_GRAPHS", "0")
+    model = reflex_engine.load(MODEL, device="cuda", n_ctx=1024)
+    vocab = model.config.n_vocab
+    ids = [1 + i % (vocab - 1) for i in range(ops_module.MAX_BATCH + 88)]
+    for _ in model.generate(ids, max_tokens=1, sampling=SamplingParams(temperature=0), ignore_eos=True):
+        pass
+
+
 def test_a_short_prompts_gemm_splits_the_columns_of_weights_too_small_to_fill_the_gpu():
     from reflex_engine.backends.cuda.ops import FUSED_WEIGHTS, GEMM_MAX_SPLITS, gemm_splits
 

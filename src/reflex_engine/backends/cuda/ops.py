@@ -688,7 +688,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 dev.launch("quantize_x16", (-(-n // 1024),), 256, (x.ptr, self._xq, self._xds, n))
                 made = self._x16_of = (x, n, self._plain_x16)
             src = made[2]
-            if x.rows > 1:
+            if x.rows != 1:  # passes of 8 tokens (none for a chunk of a prompt whose logits no one wants)
                 dev.launch(g.kernel, (g.units, -(-x.rows // MATVEC_MAX_TOKENS)), g.threads,
                            (*g.weights, src.xq, src.xds, *products, *g.rows, x.rows))
                 continue
