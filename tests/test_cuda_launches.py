@@ -264,6 +264,28 @@ def test_a_norm_between_one_tokens_matvecs_is_theirs(fake):  # noqa: F811
     assert launches[1:] == [("matvec_x16_1_q4_K", True, False), ("matvec_x16_1_q4_K", False, True), ("norm_f32", False, None)]
 
 
+def test_the_int16_matvec_writes_a_norms_share_only_in_one_wave_of_blocks(fake):  # noqa: F811
+    """matvec_x16_1's blocks of 4 rows each take a ticket for their group (a fence): past the blocks the SMs hold
+    at once (ops.X16_DECODE_BLOCKS_AN_SM, 6 on the fake's 132) that held the next wave back, so a wider product
+    leaves its norm to a launch of its own; the tensor-core kernels hold whole groups and take no tickets."""
+    fake()
+    ops = ops_module.CudaOps()
+    shapes = [(GGMLType.Q8_0, 4096, 3168), (GGMLType.Q8_0, 4096, 3200), (GGMLType.Q4_K, 4096, 4096)]  # 792 blocks, 800
+    ops.reserve([(t, (n_cols, n)) for t, n_cols, n in shapes] + [(GGMLType.F32, (n,)) for _, _, n in shapes],
+                CacheShape(1, 16, 64, 64), activation_width=65536)
+    weights = [ops.load_weight("w", t, (n_cols, n), bytes(n * n_cols // GGML_BLOCK[t][0] * GGML_BLOCK[t][1]))
+               for t, n_cols, n in shapes]
+    norms = [ops.load_weight("n", GGMLType.F32, (n,), np.ones(n, np.float32).tobytes()) for _, _, n in shapes]
+    ops.commit_weights()
+    x = ops.from_host(np.ones((1, 4096), np.float32))
+    fused = []
+    for w, norm in zip(weights, norms):
+        residual = ops.from_host(np.ones((1, w.n_rows), np.float32))
+        fused.append(type(ops.rms_norm(ops.matmul(x, w, add=residual), norm, 1e-6)) is ops_module.NormedTensor)
+        ops.device.release()
+    assert fused == [True, False, True]
+
+
 def test_a_norm_whose_output_something_else_reads_first_runs_as_it_is(fake):  # noqa: F811
     """Any other op first makes the held matvec and the norm as they are, before it."""
     launches = norm_between_matvecs(fake(), lambda ops, normed, w: ops.matmul(ops.add(normed, normed), w))

@@ -28,6 +28,11 @@ MATVEC_MAX_TOKENS = 8  # kernels/matvec.cu: up to 8 tokens share one pass over t
 # kernels/matvec_x16.cu: the decode matvec of these types dots int16 x blocks with the integer quants
 X16_MATVEC_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a time (matvec_x16_1_<type>)
+# its blocks an SM (its launch bounds); it writes a norm's share (_fuse_norm) only where its blocks fit on the SMs
+# at once: each block's ticket for its group (a fence) then held the next wave back (H200, run 17: Qwen3-8B Q8_0,
+# 4,096 rows in 1,024 blocks, decode 298.2 tok/s with, 303.9 without; Qwen3-0.6B Q4_K_M, 1,024 rows, 1,238.0 with,
+# 1,205.0 without)
+X16_DECODE_BLOCKS_AN_SM = 6
 # kernels/matvec_x16_mma.cu: one token's matvec of these types on tensor cores instead, from the same
 # int16 blocks to the same integer sums: 32 rows a block, a warp per 256 columns of its rows, at most 8
 X16_MMA_TYPES = (GGMLType.Q4_K,)
@@ -695,13 +700,17 @@ class CudaOps(ExpertOps, DeltaNetOps):
             args = (*g.weights, src.xq, src.xds, *products, *g.rows, src.sums, src.eps)
             rows = g.n_rows[0]
             if self.fuse_norms and add is not None and len(plan) == 1 and len(g.n_rows) == 1 and rows % 32 == 0 \
-                    and rows <= self._x16_width and not src.sums:
+                    and rows <= self._x16_width and not src.sums and self._writes_norms(g):
                 # the residual stream: held for a norm of it, which this launch may take a share of (rms_norm)
                 product = self._held_product = HeldProduct(outs[0], g.kernel, g.units, g.threads, args, g.shared)
                 dev.hold(lambda: self._launch_product(product, NO_NORM))
             else:
                 dev.launch(g.kernel, (g.units,), g.threads, args + NO_NORM, g.shared)
         return outs
+
+    def _writes_norms(self, g: Group) -> bool:
+        """Whether a one-token launch may write a norm's share of its product (kernels/x16.cuh NormOut)."""
+        return not g.kernel.startswith("matvec_x16_1_") or g.units <= X16_DECODE_BLOCKS_AN_SM * self.device.info.multiprocessors
 
     def _matmul_one(self, x: Tensor, weight: Weight, path: str, add: Tensor | None) -> Tensor:
         """The kernels that take one weight: the float matvec passes and the long-prompt GEMM."""
