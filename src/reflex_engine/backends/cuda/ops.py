@@ -567,8 +567,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
     def _fuse_norm(self, pending: PendingNorm) -> None:
         """The pending norm taken over by the matvecs around it (kernels/x16.cuh NormOut): its input's matvec
         writes the int16 blocks of x∘w and their groups' sums of squares, which the matvecs reading its
-        output take with those sums; its float values are made only if something asks for them (one launch
-        and one wait fewer a norm: H200, Qwen3-8B, docs/perf-notes.md run 17)."""
+        output take with those sums; its float values are made only if something asks for them. One launch
+        and one wait fewer a norm: H200, Qwen3-8B Q4_K_M decode 389.8 -> 417.0 tok/s (docs/perf-notes.md run 17)."""
         self.device.take_held()
         self._pending_norm = None
         self._launch_product(pending.product, (self._ready(pending.weight), self._norm_xq, self._norm_xds,
