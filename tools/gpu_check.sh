@@ -21,7 +21,8 @@
 #   NCU="8b:512 0.6b:16:q8_0"  ncu's serialized kernel times (tools/ncu_table.py) of one prompt's pass of that many tokens
 #               on the shape's file (Q4_K_M unless named) (the decode step after it too), with CHECK's and BENCH's files
 #   NCU_DETAIL="8b:16:q4_k_m:gemm_q4_K[:skip]"  ncu --set full on one launch of that kernel (after skip), $OUT/ncu-detail.txt,
-#               at the clocks the benchmarks run at (run 15's ran at ncu's locked base clock: SMs at 1.36 GHz, below their boost)
+#               at the clocks the benchmarks run at (run 15's ran at ncu's locked base clock: SMs at 1.36 GHz, below their boost),
+#               and its SASS with each line's stall samples, $OUT/ncu-source-KERNEL.csv.gz
 #   LAUNCH_PROBE=1  tools/probe_launch_shapes.py on each MAIN_SHAPES file of QUANTS (LAUNCH_PROBE_ARGS): weights a
 #               launch and the short-prompt GEMM's column splits against decode and prefill 16 and 64
 #   PROBES="tools/probe_graph_nodes.py ..."  each of those tools on each MAIN_SHAPES Q4_K_M file: probe_graph_nodes (a
@@ -156,10 +157,12 @@ for run in ${NCU_DETAIL:-}; do  # shape:tokens:quant:kernel[:skip]: ncu's full r
     [ "$(elapsed)" -gt $(( END - 90 )) ] && { echo "ncu detail: no time left for $run"; continue; }
     [ -f "$f" ] || python3 tools/make_bench_model.py /tmp/peer-vocab.gguf "$f" --shape $shape --quant $quant 2>&1 | tail -1
     ncu --set full --clock-control none --kernel-name "$kernel" --launch-skip "${skip:-0}" --launch-count 1 --page details \
-        python3 tools/profile_kernels.py "$f" --prompt-tokens "$tokens" --decode 1 --once \
+        --export /tmp/ncu-detail --force-overwrite python3 tools/profile_kernels.py "$f" --prompt-tokens "$tokens" --decode 1 --once \
         > "$OUT/ncu-detail.txt.tmp" 2>&1
     { echo "## ncu --set full: $run"; grep -vE "^(==PROF==|  *$)" "$OUT/ncu-detail.txt.tmp"; } >> "$OUT/ncu-detail.txt"
     rm -f "$OUT/ncu-detail.txt.tmp"
+    # its SASS with each line's warp-stall samples by reason (the source page), gzipped
+    ncu --import /tmp/ncu-detail.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu-source-$kernel.csv.gz"
 done
 
 if [ "${LAUNCH_PROBE:-0}" = 1 ]; then  # the matmuls' launch shapes
