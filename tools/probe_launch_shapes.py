@@ -75,6 +75,8 @@ def main() -> None:
         model = reflex_engine.load(args.model, device="cuda", n_ctx=args.n_ctx)
     except ReflexError as e:
         sys.exit(f"probe_launch_shapes: {e}")
+    # the copy timed once the GPU is busy: right after the load it read 3.2-4.2 TB/s between processes (run 17)
+    run_bench(model, runs=1, decode_tokens=16, prefill_tokens=(16,), contexts=(128,))
     copy, weight_bytes = model.ops.device.copy_bandwidth(), decode_weight_bytes(model)
     print(f"## {args.model}: median of {args.runs}; the decode bound: {weight_bytes / 1e9:.2f} GB a token "
           f"over the copy's {copy / 1e12:.2f} TB/s\n")
