@@ -16,6 +16,7 @@ constexpr int X16_ROWS = 2;  // rows a block of a pass of 8 tokens computes, sha
 // block one round trip to memory, and the blocks' waves bound the time (H200, 8B Q4_K_M: 1.2-1.4 TB/s;
 // with 4: 1.6-2.2 TB/s, decode 234 -> 292 tok/s; with 8, 117 registers and 3 blocks an SM: 292)
 constexpr int X16_DECODE_ROWS = 4;
+constexpr int X16_DECODE_BLOCKS_AN_SM = 6;  // matvec_x16_1_<type>'s launch bounds (below)
 constexpr int X16_AHEAD = 2;  // passes over the rows whose weights are requested before they are read
 
 // c + the dot product of the four signed bytes of w with four int16: x01 (elements 0, 1) and x23.
@@ -268,7 +269,7 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
                                                 add && i == 0 ? add + t0 * n_rows : nullptr, u * X16_ROWS,  \
                                                 n_rows, n_cols, min(X16_MAX_TOKENS, n_tok - (int)t0));      \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(X16_THREADS, 6)                                            \
+    extern "C" __global__ void __launch_bounds__(X16_THREADS, X16_DECODE_BLOCKS_AN_SM)                      \
         matvec_x16_1_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,     \
                             const float2* xds, float* y0, float* y1, float* y2, const float* add, int rows0, \
                             int rows1, int rows2, int n_cols, const float* x_sums, float eps,               \
