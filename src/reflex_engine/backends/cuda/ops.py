@@ -698,9 +698,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
                            (*g.weights, src.xq, src.xds, *products, *g.rows, x.rows))
                 continue
             args = (*g.weights, src.xq, src.xds, *products, *g.rows, src.sums, src.eps)
-            rows = g.n_rows[0]
-            if self.fuse_norms and add is not None and len(plan) == 1 and len(g.n_rows) == 1 and rows % 32 == 0 \
-                    and rows <= self._x16_width and not src.sums and self._writes_norms(g):
+            if add is not None and len(plan) == 1 and self._may_write_norm(g, src):
                 # the residual stream: held for a norm of it, which this launch may take a share of (rms_norm)
                 product = self._held_product = HeldProduct(outs[0], g.kernel, g.units, g.threads, args, g.shared)
                 dev.hold(lambda: self._launch_product(product, NO_NORM))
@@ -708,9 +706,13 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 dev.launch(g.kernel, (g.units,), g.threads, args + NO_NORM, g.shared)
         return outs
 
-    def _writes_norms(self, g: Group) -> bool:
-        """Whether a one-token launch may write a norm's share of its product (kernels/x16.cuh NormOut)."""
-        return not g.kernel.startswith("matvec_x16_1_") or g.units <= X16_DECODE_BLOCKS_AN_SM * self.device.info.multiprocessors
+    def _may_write_norm(self, g: Group, src: X16) -> bool:
+        """Whether a one-token launch may write a norm's share of its product (kernels/x16.cuh NormOut): one
+        weight of whole groups of 32 rows, whose x is not a norm's blocks (it would overwrite them), and for
+        matvec_x16_1 blocks that fit on the SMs at once."""
+        rows = g.n_rows[0]
+        return (self.fuse_norms and len(g.n_rows) == 1 and rows % 32 == 0 and rows <= self._x16_width and not src.sums
+                and (not g.kernel.startswith("matvec_x16_1_") or g.units <= X16_DECODE_BLOCKS_AN_SM * self.device.info.multiprocessors))
 
     def _matmul_one(self, x: Tensor, weight: Weight, path: str, add: Tensor | None) -> Tensor:
         """The kernels that take one weight: the float matvec passes and the long-prompt GEMM."""
