@@ -225,7 +225,9 @@ __device__ __forceinline__ void bulk_wait(uint64_t* bar, uint32_t parity) {
 // Row r's segment of a stage.
 __device__ __forceinline__ uint8_t* stage_row(uint8_t* stage, int r) { return stage + (r % 2 ? XB_ODD : 0) + (r / 2) * XB_SEG; }
 
-// What matvec_mma_q4_K's lane loads of its superblock, from a stage: local superblock `sl` of its rows.
+// What matvec_mma_q4_K's lane loads of its superblock, from a stage: local superblock `sl` of its rows. The
+// pieces load_q4_K_pieces reads, but from shared addresses: through it (its 64-bit row offsets) a stage took
+// 421 SASS instructions, not 407.
 __device__ __forceinline__ void load_staged(XmPart& p, uint8_t* stage, int sl, int g, int c) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
