@@ -505,3 +505,57 @@ def test_a_replay_queued_before_the_one_before_it_ran_reads_its_own_positions():
         assert step(Batch.causal(SAMPLED, n_past)) == "logits"
     drv.cuStreamSynchronize(ops.device.stream)
     assert drv.seen == list(range(10, 16))
+
+
+def test_a_captured_steps_bulk_matvecs_are_one_chain_launch(fake, monkeypatch):  # noqa: F811
+    """While launches overlap (a captured decode step), one token's bulk Q4_K matvecs launched back to back
+    are one launch of kernels/matvec_x16_mma.cu matvec_chain_q4_K (backends/cuda/chain.py), each step the
+    arguments its own launch had, the SwiGLU of gate and up folded into their step; any other launch (the
+    rope here) or a download makes the chain first. Its grid is the bulk kernel's residency, 2 blocks an SM,
+    every one of them resident at once (its steps' barriers wait for all); eager launches stay as they were."""
+    from reflex_engine.backends.cuda.chain import _STEP, CHAIN_MAX_STEPS
+
+    lib = fake()
+    ops = ops_module.CudaOps()
+    width, ff, kv = 4096, 6144, 1024
+    shapes = {"o": (width, width), "gate": (width, ff), "up": (width, ff), "down": (ff, width), "q": (width, width),
+              "k": (width, kv), "v": (width, kv)}
+    ops.reserve([(GGMLType.Q4_K, s) for s in shapes.values()] + [(GGMLType.F32, (width,))], CacheShape(1, 16, 64, 64),
+                activation_width=8 * ff)
+    w = {name: ops.load_weight(name, GGMLType.Q4_K, s, bytes(s[0] * s[1] // 256 * 144)) for name, s in shapes.items()}
+    norm = ops.load_weight("norm", GGMLType.F32, (width,), bytes(4 * width))
+    ops.commit_weights()
+    calls = []
+    launch = device_module.Device.launch
+    monkeypatch.setattr(device_module.Device, "launch",
+                        lambda self, name, grid, block, args, smem=0: (calls.append((name, args)), launch(self, name, grid, block, args, smem)))
+
+    def layer():
+        a, b, r = (ops.from_host(np.zeros((1, width), np.float32)) for _ in range(3))
+        x = ops.swiglu(a, b)  # as attention does, it writes its int16 blocks beside it
+        ops.device.release()
+        calls.clear()
+        lib.launches = []
+        h = ops.matmul(x, w["o"], add=r)
+        gate, up = ops.matmuls(ops.rms_norm(h, norm, 1e-6), [w["gate"], w["up"]])
+        y = ops.matmul(ops.swiglu(gate, up), w["down"], add=h)
+        q, k, v = ops.matmuls(ops.rms_norm(y, norm, 1e-6), [w["q"], w["k"], w["v"]])
+        ops.ropes((q, k), [5], 128, Rope(RopeMode.NEOX, 128, 1e6))
+        ops.device.release()
+        return [(n, a) for n, a in calls if n != "rope_f32"], [(name, grid, smem, args) for name, grid, _, smem, _, args in lib.launches]
+
+    eager, eager_launched = layer()
+    assert [n for n, *_ in eager_launched] == ["matvec_x16_bulk_q4_K"] * 2 + ["swiglu_f32"] + ["matvec_x16_bulk_q4_K"] * 2 + ["rope_f32"]
+    ops.device.overlap_launches = True
+    asked, launched = layer()
+    assert [n for n, _ in asked] == ["matvec_x16_bulk_q4_K"] * 2 + ["swiglu_f32"] + ["matvec_x16_bulk_q4_K"] * 2
+    assert [n for n, *_ in launched] == ["matvec_chain_q4_K", "rope_f32"]
+    _, grid, smem, (blob, arrivals) = launched[0]
+    assert grid == (2 * 132, 1, 1) and smem == ops_module.X16_BULK_SHARED and arrivals != bytes(8)
+    steps = [_STEP.unpack_from(blob, i * _STEP.size) for i in range(CHAIN_MAX_STEPS)]
+    assert int.from_bytes(blob[-8:-4], "little") == 4 and not any(any(s) for s in steps[4:])
+    bulk = [a for n, a in asked if n.startswith("matvec")]
+    swiglu = next(a for n, a in asked if n == "swiglu_f32")
+    for i, (step, args) in enumerate(zip(steps, bulk)):
+        assert step[:20] == pytest.approx(args), i  # eps packs as a float32
+        assert step[20:] == ((swiglu[2], swiglu[4], swiglu[5]) if i == 1 else (0, 0, 0)), i
