@@ -327,63 +327,6 @@ def test_bulk_matvec_is_the_register_matvec_to_the_bit(monkeypatch, rows, n_cols
     np.testing.assert_array_equal(bulk_added, r + bulk[0])
 
 
-def test_a_chain_of_bulk_matvecs_is_each_launch_to_the_bit(monkeypatch):
-    """A captured step's one-token Q4_K matvecs run as steps of one launch (backends/cuda/chain.py,
-    matvec_chain_q4_K), a barrier of the grid between steps, and give what their own launches give, bit for
-    bit: o (residual summed in, writing the norm's share), gate and up reading that norm, with their SwiGLU
-    (12,288 rows: some blocks take two pairs of groups), down (12,288 columns: 6 stages a group; the residual,
-    the next norm), then q, k and v (k and v: 2 groups of 32 rows, most blocks idle through that step). Three
-    layers in a row: the barriers' counts start each chain from zero, and what a step wrote (the norm's blocks
-    in one buffer, read twice by one launch) is what the next reads."""
-    from reflex_engine.backends.cuda import CudaOps
-
-    gpu = CudaOps()
-    if not gpu._bulk_copies:
-        pytest.skip("the chain needs sm_90's bulk copies")
-    width, ff, kv = 4096, 12288, 64
-    shapes = {"o": (width, width), "gate": (width, ff), "up": (width, ff), "down": (ff, width), "q": (width, width),
-              "k": (width, kv), "v": (width, kv)}
-    gpu.reserve([(GGMLType.Q4_K, s) for s in shapes.values()] + [(GGMLType.F32, (width,))], CacheShape(1, 16, 64, 64),
-                activation_width=8 * ff)
-    w = {name: both(gpu, "Q4_K", n_rows, n_cols) for name, (n_cols, n_rows) in shapes.items()}
-    norm = rng.standard_normal(width).astype(np.float32)
-    norm_gpu = loaded(gpu, "n", GGMLType.F32, (width,), norm.tobytes())
-    launched = []
-    enqueue = gpu.device.enqueue
-    monkeypatch.setattr(gpu.device, "enqueue", lambda name, *a: (launched.append(name), enqueue(name, *a)))
-
-    def layer(x, r):
-        a = gpu.from_host(x)
-        h = gpu.matmul(a, w["o"][1], add=gpu.from_host(r))
-        gate, up = gpu.matmuls(gpu.rms_norm(h, norm_gpu, 1e-6), [w["gate"][1], w["up"][1]])
-        act = gpu.swiglu(gate, up)
-        y = gpu.matmul(act, w["down"][1], add=h)
-        qkv = gpu.matmuls(gpu.rms_norm(y, norm_gpu, 1e-6), [w["q"][1], w["k"][1], w["v"][1]])
-        return [gpu.to_host(t) for t in (h, gate, up, act, y, *qkv)]
-
-    inputs = [(rng.standard_normal((1, width)).astype(np.float32), rng.standard_normal((1, width)).astype(np.float32) * 3)
-              for _ in range(3)]
-    gpu.poison()
-    eager = [layer(*xr) for xr in inputs]
-    assert "matvec_chain_q4_K" not in launched and "swiglu_f32" in launched
-    launched.clear()
-    gpu.device.overlap_launches = True
-    try:
-        gpu.poison()
-        chained = [layer(*xr) for xr in inputs]
-    finally:
-        gpu.device.overlap_launches = False
-    assert launched.count("matvec_chain_q4_K") == 3 and "swiglu_f32" not in launched and "norm_f32" not in launched, launched
-    names = ["h", "gate", "up", "swiglu", "y", "q", "k", "v"]
-    for i, (want, got) in enumerate(zip(eager, chained)):
-        for name, a, b in zip(names, want, got):
-            assert not np.isnan(a).any(), name
-            np.testing.assert_array_equal(b, a, err_msg=f"layer {i}: {name}")
-    x, r = inputs[0]
-    h_ref = r + cpu.matmul(x16_rounded(x), w["o"][0])
-    assert rel_err(eager[0][0], h_ref.astype(np.float64)) < 1e-5
-
-
 def test_long_prompt_matmul_on_the_large_tiles():
     """A grid big enough for gemm_f16's 128 x 128 tiles (the tests above take its 64 x 64 ones)."""
     from reflex_engine.backends.cuda import CudaOps

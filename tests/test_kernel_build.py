@@ -105,8 +105,7 @@ def kernel_bodies(source: str):
 
 # The decode matvecs' kernels wait inside their rows' function, once its first weights (which no
 # kernel writes) are asked for: kernel -> that function
-WAITS_AFTER_FIRST_WEIGHTS = {"matvec_x16_mma_q4_K": "matvec_mma_q4_K", "matvec_x16_bulk_q4_K": "matvec_bulk_steps",
-                             "matvec_chain_q4_K": "matvec_bulk_steps",
+WAITS_AFTER_FIRST_WEIGHTS = {"matvec_x16_mma_q4_K": "matvec_mma_q4_K", "matvec_x16_bulk_q4_K": "matvec_bulk_q4_K",
                              "matvec_x16_##name": "matvec_x16",
                              "matvec_x16_1_##name": "matvec_x16"}
 

@@ -45,8 +45,6 @@ SHARED_CONSTANTS = {
     ("ops", "ATTENTION_MAX_SPLITS"): [("attention.cu", "ATTN_MAX_SPLITS")],
     ("ops", "ATTENTION_SPLIT_SLOTS"): [("attention.cu", "ATTN_SPLIT_MIN_SLOTS")],
     ("ops", "TOP_K_MAX"): [("sampling.cu", "TOPK_MAX")],
-    ("chain", "CHAIN_MAX_STEPS"): [("matvec_x16_mma.cu", "CHAIN_MAX_STEPS")],
-    ("chain", "CHAIN_STEPS_BYTES"): [("matvec_x16_mma.cu", "CHAIN_STEPS_BYTES")],
     ("experts", "MOE_WARPS"): [("moe.cu", "MOE_WARPS")],
     ("experts", "ROUTE_THREADS"): [("moe.cu", "ROUTE_THREADS")],
     ("experts", "ROUTE_MAX_EXPERTS"): [("moe.cu", "ROUTE_MAX_EXPERTS")],
@@ -64,9 +62,9 @@ def kernel_constant(file: str, name: str) -> int:
 
 
 def test_the_launch_shapes_the_host_states_are_the_ones_the_kernels_were_built_with():
-    from reflex_engine.backends.cuda import chain, experts, ops
+    from reflex_engine.backends.cuda import experts, ops
 
-    modules = {"ops": ops, "experts": experts, "chain": chain}
+    modules = {"ops": ops, "experts": experts}
     wrong = {f"{module}.{name}": [(f"kernels/{file}", const, kernel_constant(file, const)) for file, const in sources]
              for (module, name), sources in SHARED_CONSTANTS.items()
              if any(getattr(modules[module], name) != kernel_constant(file, const) for file, const in sources)}

@@ -14,8 +14,6 @@ import ctypes
 import os
 import re
 
-from reflex_engine.backends.cuda.chain import CHAIN_STEPS_BYTES
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNELS = os.path.join(ROOT, "src", "reflex_engine", "kernels")
 NAMES = {1: b"CUDA_ERROR_INVALID_VALUE", 2: b"CUDA_ERROR_OUT_OF_MEMORY", 100: b"CUDA_ERROR_NO_DEVICE",
@@ -25,8 +23,8 @@ CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
 
 # a kernel parameter's C type -> its letter (the struct module's), for types passed by value
 _SCALARS = {"int": "i", "int32_t": "i", "unsigned": "I", "unsigned int": "I", "uint32_t": "I", "int64_t": "q",
-            "long long": "q", "uint64_t": "Q", "size_t": "Q", "float": "f", "double": "d", "ChainSteps": "C"}
-SIZES = {"P": 8, "i": 4, "I": 4, "q": 8, "Q": 8, "f": 4, "d": 8, "C": CHAIN_STEPS_BYTES}
+            "long long": "q", "uint64_t": "Q", "size_t": "Q", "float": "f", "double": "d"}
+SIZES = {"P": 8, "i": 4, "I": 4, "q": 8, "Q": 8, "f": 4, "d": 8}
 _DEFINE = re.compile(r"\s*#\s*define\s+(\w+)\(([^)]*)\)(.*)")
 _KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s*)?'
                      r"(\w+)\s*\(([^)]*)\)")
@@ -75,7 +73,7 @@ def kernel_formats(kernels_dir: str = KERNELS) -> dict[str, str]:
 def _letter(kernel: str, param: str) -> str:
     if "*" in param:
         return "P"
-    words = [w for w in param.split() if w not in ("const", "volatile", "__restrict__", "__grid_constant__")][:-1]  # the last is its name
+    words = [w for w in param.split() if w not in ("const", "volatile", "__restrict__")][:-1]  # the last is its name
     letter = _SCALARS.get(" ".join(words))
     if letter is None:
         raise ValueError(f"kernel {kernel}: parameter {param!r} of a type fake_libcuda does not know")

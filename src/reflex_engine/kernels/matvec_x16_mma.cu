@@ -47,30 +47,17 @@ __device__ __forceinline__ void load_weights(XmPart& p, const uint8_t* const (&r
     load_q4_K_pieces<false>(rows, s, c, p.head, p.qs);
 }
 
-// L2_ONLY: x was written by this kernel (a chain's step before, other SMs): through L2, which every SM sees
-// alike, not the read-only path, whose lines an SM may still hold from an earlier step.
-template <bool L2_ONLY = false>
 __device__ __forceinline__ void load_x(XmPart& p, const uint8_t* __restrict__ xq, const float2* __restrict__ xds, int s,
                                        int g, int c, bool b_lane) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) p.high[i] = p.low[i] = 0u;
     if (b_lane) {
         uint32_t w[8];
-        const uint8_t* at = xq + 2 * ((size_t)256 * s + 32 * g + 16 * (c % 2));
-        if constexpr (L2_ONLY) {
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int4 v = __ldcg(reinterpret_cast<const int4*>(at) + i);
-                w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-            }
-        } else {
-            x_words(at, w);
-        }
+        x_words(xq + 2 * ((size_t)256 * s + 32 * g + 16 * (c % 2)), w);
 #pragma unroll
         for (int i = 0; i < 4; ++i) p.high[i] = __byte_perm(w[2 * i], w[2 * i + 1], 0x7531), p.low[i] = __byte_perm(w[2 * i], w[2 * i + 1], 0x6420);
     }
-    const float4* d = reinterpret_cast<const float4*>(xds + 8 * s + 2 * c);
-    p.xd = L2_ONLY ? __ldcg(d) : __ldg(d);
+    p.xd = __ldg(reinterpret_cast<const float4*>(xds + 8 * s + 2 * c));
 }
 
 // The superblock's products into the lane's 4 rows' sums (row g + 8r: acc[r]); own_mma: the mma (2G + high)
@@ -113,21 +100,18 @@ __device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mm
 // A group of 32 rows done, in warp 0 (lane l: row row0 + l): the warps' partial sums of each row in order,
 // times scale (x16.cuh norm_scale: 1 but for a norm's readers), plus add where given, into y; then,
 // with norm.w, the group's share of the norm of y (rows of whole groups: every lane's row is in).
-// Returns the lane's y. L2_ONLY: add was written by this kernel (load_x).
-template <bool L2_ONLY = false>
-__device__ __forceinline__ float store_group(const float (&partial)[XM_WARPS][XM_ROWS], int n_warps, float* __restrict__ y,
-                                             const float* __restrict__ add, int row0, int n_rows, float scale,
-                                             const NormOut& norm) {
+__device__ __forceinline__ void store_group(const float (&partial)[XM_WARPS][XM_ROWS], int n_warps, float* __restrict__ y,
+                                            const float* __restrict__ add, int row0, int n_rows, float scale,
+                                            const NormOut& norm) {
     const int lane = threadIdx.x % WARP, row = row0 + lane;
     float v = 0.0f;
     for (int w = 0; w < n_warps; ++w) v += partial[w][lane];
     v *= scale;
     if (row < n_rows) {
-        if (add) v += L2_ONLY ? __ldcg(add + row) : add[row];
+        if (add) v += add[row];
         y[row] = v;
     }
     if (norm.w) store_normed(v, row, norm);
-    return v;
 }
 
 // Rows row0.. row0 + 31 of y for one token; every thread of the block calls it, and it waits for the
@@ -196,7 +180,6 @@ extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, 2)
 // 64 bytes further on, so that the 8 lanes of a 16-byte shared load (rows g and g + 1, 64 bytes
 // each) touch 32 different banks (yet ncu counted 3.9-way conflicts on 16% of the wavefronts).
 constexpr int XB_STAGE_SUPERS = XM_WARPS;
-constexpr int XB_STAGE_COLS = 256 * XB_STAGE_SUPERS;
 constexpr int XB_STAGES = 3;  // a block's ring of stages
 constexpr int XB_BLOCKS_AN_SM = 2;
 constexpr int XB_SEG = XB_STAGE_SUPERS * (int)sizeof(block_q4_K);  // a row's bytes in a stage
@@ -253,166 +236,74 @@ __device__ __forceinline__ void load_staged(XmPart& p, uint8_t* stage, int sl, i
     }
 }
 
-// One launch's arguments of matvec_x16_bulk_q4_K (below): a step of a chain of them. With swiglu_y, its
-// two weights (gate and up: the same rows, whole groups of 32) also give silu(y0)·y1 there, as swiglu_f32
-// makes it, with its int16 blocks (x16.cuh).
-struct ChainStep {
-    const uint8_t* w[3];
-    const uint8_t* xq;
-    const float2* xds;
-    float* y[3];
-    const float* add;
-    int rows[3], n_cols;
-    const float* x_sums;
-    float eps;
-    NormOut norm;
-    float* swiglu_y;
-    uint8_t* swiglu_xq;
-    float2* swiglu_xds;
-};
-constexpr int CHAIN_MAX_STEPS = 8;
-struct ChainSteps {
-    ChainStep step[CHAIN_MAX_STEPS];
-    int n;
-};
-constexpr int CHAIN_STEPS_BYTES = 1352;  // backends/cuda/chain.py packs ChainSteps to this layout
-static_assert(sizeof(ChainStep) == 168 && sizeof(ChainSteps) == CHAIN_STEPS_BYTES, "chain.py's layout");
-
-// How many of n_groups groups (of 32 rows) a block takes: blockIdx.x + m·gridDim.x.
-__device__ __forceinline__ int block_groups(int n_groups) {
-    return n_groups > (int)blockIdx.x ? (n_groups - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 0;
-}
-
-// The block's stages of a step: its groups of rows (common.cuh fused_part over the step's weights), each
-// n_cols / XB_STAGE_COLS stages; with SwiGLU its pairs of groups, gate's then up's of the same rows.
-__device__ __forceinline__ int step_stages(const ChainStep& s) {
-    const int g0 = (s.rows[0] + XM_ROWS - 1) / XM_ROWS, per = s.n_cols / XB_STAGE_COLS;
-    if (s.swiglu_y) return 2 * block_groups(g0) * per;
-    return block_groups(g0 + (s.rows[1] + XM_ROWS - 1) / XM_ROWS + (s.rows[2] + XM_ROWS - 1) / XM_ROWS) * per;
-}
-
-// The block's group m of a step: its weight i and first row.
-__device__ __forceinline__ int group_row0(const ChainStep& s, int m, int& i) {
-    if (s.swiglu_y) {
-        i = m % 2;
-        return ((int)blockIdx.x + m / 2 * (int)gridDim.x) * XM_ROWS;
-    }
-    int u = (int)blockIdx.x + m * (int)gridDim.x;
-    i = fused_part(u, XM_ROWS, s.rows[0], s.rows[1]);
-    return u * XM_ROWS;
-}
-
-__device__ __forceinline__ int load_acquire(const int* p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-// Every block of the grid at barrier b (between a chain's steps b and b + 1) before any goes on: their
-// stores of step b are seen by all. The grid is resident at once (XB_BLOCKS_AN_SM an SM). arrivals[b] counts
-// them in; the last to arrive zeroes the barrier before, which every block has left. Warp 1 arrives and waits:
-// warp 0's lanes have bulk copies in flight, which a fence of theirs might wait for.
-__device__ __forceinline__ void chain_barrier(int* arrivals, int b) {
-    __syncthreads();
-    if (threadIdx.x == WARP) {
-        __threadfence();
-        if (atomicAdd(arrivals + b, 1) == (int)gridDim.x - 1 && b > 0) arrivals[b - 1] = 0;
-        while (load_acquire(arrivals + b) < (int)gridDim.x) {
-        }
-    }
-    __syncthreads();
-}
-
-// A chain's end: the last block out zeroes the last barrier and the count of blocks out, for the next chain.
-__device__ __forceinline__ void chain_exit(int* arrivals, int n) {
-    if (threadIdx.x == WARP && atomicAdd(arrivals + CHAIN_MAX_STEPS, 1) == (int)gridDim.x - 1)
-        arrivals[n - 2] = 0, arrivals[CHAIN_MAX_STEPS] = 0;
-}
-
-// Each step's groups of 32 rows for this block, in order, every thread of the block calling it. Warp 0 keeps
-// XB_STAGES stages in flight across the steps: the next step's weights, which no kernel writes, stream in
-// while the block waits at the barrier for the step before (CHAINED) or, the first ones, before the wait for
-// the kernel before.
-template <bool CHAINED>
-__device__ __forceinline__ void matvec_bulk_steps(const ChainStep* steps, int n, int* arrivals) {
+// Every group of 32 rows blockIdx.x + k·gridDim.x of the fused weights (common.cuh fused_part); every
+// thread of the block calls it. Its stages' copies start before the wait for the kernel before.
+__device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2,
+                                                 const uint8_t* __restrict__ xq, const float2* __restrict__ xds,
+                                                 float* y0, float* y1, float* y2, const float* __restrict__ add,
+                                                 int rows0, int rows1, int rows2, int n_cols, const float* x_sums,
+                                                 float eps, const NormOut& norm) {
     extern __shared__ __align__(128) uint8_t stages[];
     __shared__ uint64_t full[XB_STAGES];
     __shared__ float partial[2][XM_WARPS][XM_ROWS];  // by the group's parity: the last one's may still be read
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const int g = lane / 4, c = lane % 4;
+    const int g = lane / 4, c = lane % 4, per_group = n_cols / 256 / XB_STAGE_SUPERS;
+    const int n_groups = (rows0 + XM_ROWS - 1) / XM_ROWS + (rows1 + XM_ROWS - 1) / XM_ROWS + (rows2 + XM_ROWS - 1) / XM_ROWS;
+    const int n_steps = (n_groups - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * per_group;
+    const size_t stride = row_bytes<block_q4_K>(n_cols);
     if (threadIdx.x == 0)
         for (int i = 0; i < XB_STAGES; ++i) bulk_barrier_init(&full[i]);
     __syncthreads();
 
-    int pj = 0, pk = 0, issued = 0;  // warp 0's next stage to ask for: stage pk of step pj
-    while (pj < n && step_stages(steps[pj]) == 0) ++pj;
-    auto issue = [&]() {  // warp 0
-        const ChainStep& s = steps[pj];
-        const int per = s.n_cols / XB_STAGE_COLS;
+    // step k: stage k % per_group of the block's group k / per_group, in slot k % XB_STAGES
+    auto group_of = [&](int k, int& i) {
+        int u = blockIdx.x + k / per_group * gridDim.x;
+        i = fused_part(u, XM_ROWS, rows0, rows1);
+        return u;
+    };
+    auto issue = [&](int k) {  // warp 0
         int i;
-        const int row0 = group_row0(s, pk / per, i), n_rows = pick(i, s.rows[0], s.rows[1], s.rows[2]);
-        uint64_t* bar = &full[issued % XB_STAGES];
+        const int u = group_of(k, i), n_rows = pick(i, rows0, rows1, rows2);
+        uint64_t* bar = &full[k % XB_STAGES];
         if (lane == 0) bulk_expect(bar, XM_ROWS * XB_SEG);
         __syncwarp();
-        const uint8_t* row = pick(i, s.w[0], s.w[1], s.w[2]) + (size_t)min(row0 + lane, n_rows - 1) * row_bytes<block_q4_K>(s.n_cols);
-        bulk_copy(stage_row(stages + issued % XB_STAGES * XB_STAGE_BYTES, lane), row + (size_t)(pk % per) * XB_SEG, XB_SEG, bar);
-        ++issued;
-        if (++pk == step_stages(s))
-            for (pk = 0, ++pj; pj < n && step_stages(steps[pj]) == 0;) ++pj;
+        const uint8_t* row = pick(i, W0, W1, W2) + (size_t)min(u * XM_ROWS + lane, n_rows - 1) * stride;  // past n_rows: never stored
+        bulk_copy(stage_row(stages + k % XB_STAGES * XB_STAGE_BYTES, lane), row + (size_t)(k % per_group) * XB_SEG, XB_SEG, bar);
     };
     if (warp == 0)
-        for (int k = 0; k < XB_STAGES && pj < n; ++k) issue();
+        for (int k = 0; k < min(XB_STAGES, n_steps); ++k) issue(k);
     follow_previous_kernel();
+    const float scale = x_sums ? norm_scale(x_sums, n_cols, eps) : 1.0f;
 
     const int own_mma = c / 2 == g / 2 % 2 ? 2 * (g / 4) + g % 2 : -1;
-    int consumed = 0, groups = 0;
-    float gate = 0.0f;  // warp 0's lane: its row of gate's product, for SwiGLU
-    for (int j = 0; j < n; ++j) {
-        if (CHAINED && j > 0) chain_barrier(arrivals, j - 1);
-        const ChainStep& s = steps[j];
-        const int per = s.n_cols / XB_STAGE_COLS, n_stages = step_stages(s);
-        const uint8_t* xq = s.xq;
-        const float2* xds = s.xds;
-        const float scale = s.x_sums ? norm_scale(s.x_sums, s.n_cols, s.eps) : 1.0f;
-        float acc[4] = {};
-        for (int k = 0; k < n_stages; ++k, ++consumed) {
-            XmPart part;
-            load_x<CHAINED>(part, xq, xds, k % per * XB_STAGE_SUPERS + warp, g, c, own_mma >= 0);
-            bulk_wait(&full[consumed % XB_STAGES], consumed / XB_STAGES % 2);
-            load_staged(part, stages + consumed % XB_STAGES * XB_STAGE_BYTES, warp, g, c);
-            multiply_part(part, c, own_mma, acc);
-            const bool last = k % per == per - 1;
-            float(&mine)[XM_WARPS][XM_ROWS] = partial[groups % 2];
-            if (last) {
+    float acc[4] = {};
+    for (int k = 0; k < n_steps; ++k) {
+        bulk_wait(&full[k % XB_STAGES], k / XB_STAGES % 2);
+        XmPart part;
+        load_staged(part, stages + k % XB_STAGES * XB_STAGE_BYTES, warp, g, c);
+        load_x(part, xq, xds, k % per_group * XB_STAGE_SUPERS + warp, g, c, own_mma >= 0);
+        multiply_part(part, c, own_mma, acc);
+        const bool last = k % per_group == per_group - 1;
+        float(&mine)[XM_WARPS][XM_ROWS] = partial[k / per_group % 2];
+        if (last) {
 #pragma unroll
-                for (int r = 0; r < 4; ++r) {  // the row's 4 lanes, then the warps in order
-                    float v = acc[r];
-                    v += __shfl_xor_sync(0xffffffffu, v, 1);
-                    v += __shfl_xor_sync(0xffffffffu, v, 2);
-                    if (c == 0) mine[warp][g + 8 * r] = v;
-                    acc[r] = 0.0f;
-                }
+            for (int r = 0; r < 4; ++r) {  // the row's 4 lanes, then the warps in order
+                float v = acc[r];
+                v += __shfl_xor_sync(0xffffffffu, v, 1);
+                v += __shfl_xor_sync(0xffffffffu, v, 2);
+                if (c == 0) mine[warp][g + 8 * r] = v;
+                acc[r] = 0.0f;
             }
-            __syncthreads();  // the slot is free, the group's partial sums are in
-            if (last) {
-                if (warp == 0) {  // the other warps go on to the next stage
-                    int i;
-                    const int row0 = group_row0(s, k / per, i);
-                    const float v = store_group<CHAINED>(mine, XM_WARPS, pick(i, s.y[0], s.y[1], s.y[2]), i == 0 ? s.add : nullptr,
-                                                         row0, pick(i, s.rows[0], s.rows[1], s.rows[2]), scale, s.norm);
-                    if (s.swiglu_y && i == 0) gate = v;
-                    if (s.swiglu_y && i == 1) {
-                        const float h = __fmul_rn(__fdiv_rn(gate, 1.0f + expf(-gate)), v);
-                        s.swiglu_y[row0 + lane] = h;
-                        store_x16<1>({h}, true, row0 + lane, s.swiglu_xq, s.swiglu_xds);
-                    }
-                }
-                ++groups;
-            }
-            if (warp == 0 && pj < n) issue();
         }
+        __syncthreads();  // the slot is free, the group's partial sums are in
+        if (last && warp == 0) {  // the other warps go on to the next stage
+            int i;
+            const int u = group_of(k, i);
+            store_group(mine, XM_WARPS, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS, pick(i, rows0, rows1, rows2),
+                        scale, norm);
+        }
+        if (warp == 0 && k + XB_STAGES < n_steps) issue(k + XB_STAGES);
     }
-    if (CHAINED && n > 1) chain_exit(arrivals, n);
 }
 
 // As matvec_x16_mma_q4_K, sm_90 on, for n_cols % (256 · XB_STAGE_SUPERS) == 0 and weights at 16-byte
@@ -424,19 +315,6 @@ extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, XB_BLOCKS_AN_SM)
                          float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols,
                          const float* x_sums, float eps, const float* norm_w, uint8_t* norm_xq, float2* norm_xds,
                          float* norm_sums, int* tickets) {
-    const ChainStep step = {{W0, W1, W2}, xq, xds, {y0, y1, y2}, add, {rows0, rows1, rows2}, n_cols, x_sums, eps,
-                            {norm_w, norm_xq, norm_xds, norm_sums, tickets}, nullptr, nullptr, nullptr};
-    matvec_bulk_steps<false>(&step, 1, nullptr);
-}
-
-// matvec_x16_bulk_q4_K's launches one after another (and SwiGLU of a step's two products) in one launch: each
-// step waits at a barrier of the grid for the one before, but its weights are in flight meanwhile, so memory
-// streams on across the steps instead of idling through each launch's start and end (backends/cuda/chain.py).
-// x, add and the norm's sums that a step before wrote are read through L2.
-// LAUNCH: block = 32 · XM_WARPS; grid = XB_BLOCKS_AN_SM · SMs (resident at once: the barriers wait for every
-// block); dynamic shared memory XB_STAGES · XB_STAGE_BYTES; arrivals: CHAIN_MAX_STEPS + 1 ints, zero at first
-// (and after every chain).
-extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, XB_BLOCKS_AN_SM)
-    matvec_chain_q4_K(const __grid_constant__ ChainSteps steps, int* arrivals) {
-    matvec_bulk_steps<true>(steps.step, steps.n, arrivals);
+    matvec_bulk_q4_K(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols, x_sums, eps,
+                     {norm_w, norm_xq, norm_xds, norm_sums, tickets});
 }

@@ -13,15 +13,13 @@ from typing import Any, Callable, NamedTuple
 
 from ...errors import CudaUnavailable, ReflexError
 from . import driver as cu
-from .chain import CHAIN_STEPS_BYTES, MatvecChain
 from .image import find_image
 from .params import param_format
 
 # cuLaunchKernel's `extra`: the arguments as one packed buffer (cuda.h CU_LAUNCH_PARAM_*)
 LAUNCH_PARAM_END, LAUNCH_PARAM_BUFFER_POINTER, LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 ARGS_BYTES = 4096  # a kernel's parameter space before CUDA 12.1; more than any kernel in kernels/ takes
-_SIZES = {"P": 8, "q": 8, "d": 8, "i": 4, "f": 4, "C": CHAIN_STEPS_BYTES}  # params.py's letters; each aligned to its size
-_PACKED = {"P": "Q", "C": f"{CHAIN_STEPS_BYTES}s"}  # their struct codes, where not the letter
+_SIZES = {"P": 8, "q": 8, "d": 8, "i": 4, "f": 4}  # params.py's letters; each aligned to its size
 
 
 class Kernel(NamedTuple):
@@ -79,7 +77,6 @@ class Device:
         # Q4_K_M decode 683 -> 785 tok/s), while eager prompt passes lost (512 tokens 16.8 -> 21.5 ms)
         self.overlap_launches = False
         self._held: Callable[[], None] | None = None  # a launch held back (hold)
-        self.chain: MatvecChain | None = None  # where the bulk matvecs of overlapped launches wait to be one (chain.py)
 
     def close(self) -> None:
         """Give back what this Device took once its stream's work is done: the module, the stream,
@@ -157,7 +154,7 @@ class Device:
                               f"and this version of Reflex disagree")
         packing, end = "<", 0
         for (offset, size), c in zip(layout, fmt):
-            packing += f"{offset - end}x{_PACKED.get(c, c)}"
+            packing += f"{offset - end}x{'Q' if c == 'P' else c}"
             end = offset + size
         if end > ARGS_BYTES:
             raise ReflexError(f"internal error: kernel {name} takes {end} bytes of parameters (at most {ARGS_BYTES})")
@@ -171,8 +168,7 @@ class Device:
         """Hold back a launch (a function that makes it) until the next launch, upload, download or
         synchronize makes it first, so that the op after the one holding it may take it over
         (take_held) and make it fused with its own work."""
-        if self._held is not None:
-            self.take_held()()
+        self.release()
         self._held = launch
 
     def take_held(self) -> Callable[[], None] | None:
@@ -181,27 +177,15 @@ class Device:
         return launch
 
     def release(self) -> None:
-        """Make the launch held back, if one is, and the chain's (chain.py)."""
+        """Make the launch held back, if one is."""
         if self._held is not None:
             self.take_held()()
-        if self.chain is not None:
-            self.chain.flush()
 
     def launch(self, name: str, grid: tuple[int, ...], block: int, args: tuple, smem: int = 0) -> None:
-        """Enqueue kernel `name` on the stream (after a launch held back; a bulk matvec of overlapped
-        launches joins the chain instead); args are plain ints and floats, its parameters in order
-        (params.py has their types)."""
+        """Enqueue kernel `name` on the stream (after a launch held back); args are plain ints and
+        floats, its parameters in order (params.py has their types)."""
         if self._held is not None:
-            self.take_held()()
-        chain = self.chain
-        if chain is not None:
-            if self.overlap_launches and chain.takes(name, grid, args):
-                return
-            chain.flush()
-        self.enqueue(name, grid, block, args, smem)
-
-    def enqueue(self, name: str, grid: tuple[int, ...], block: int, args: tuple, smem: int = 0) -> None:
-        """Enqueue kernel `name` on the stream now."""
+            self.release()
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         if gx == 0 or gy == 0 or gz == 0:
             return  # nothing to do: empty tensors are legal (e.g. no logits rows in a prefill chunk)

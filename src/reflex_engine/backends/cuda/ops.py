@@ -14,7 +14,6 @@ from typing import NamedTuple, Sequence
 from ...errors import ReflexError
 from ...gguf import GGML_BLOCK, GGMLType, tensor_nbytes
 from ...ops import SAMPLED, Batch, CacheShape, Rope, RopeMode, StateArray
-from .chain import CHAIN_MAX_STEPS, MatvecChain
 from .delta_net import DeltaNetOps, RecurrentState, carve_states, check_shape, chunk_scratch_bytes
 from .device import Device
 from .experts import ExpertOps, yarn_args
@@ -338,7 +337,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         # a fused norm's (_fuse_norm): one token's int16 blocks, then each group of 32's sum and ticket
         groups = -(-self._x16_width // 32)
         norm_bytes = aligned(2 * self._x16_width) + aligned(8 * groups) + aligned(4 * groups) + aligned(4 * groups)
-        scratch += x16_bytes + norm_bytes + aligned(4 * (CHAIN_MAX_STEPS + 1))
+        scratch += x16_bytes + norm_bytes
         # three pools: decode-sized buffers (a step's addresses never move), the same for captured
         # passes alone (graph.py: one pass's buffers beside the other kept graphs' logits), and whole-pass ones
         small, large = aligned(2 * MATVEC_MAX_TOKENS * activation_width * 4), aligned(MAX_BATCH * activation_width * 4)
@@ -372,11 +371,6 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._norm_xq = s.carve(2 * self._x16_width)
         self._norm_xds, self._norm_sums, self._tickets = s.carve(8 * groups), s.carve(4 * groups), s.carve(4 * groups)
         self.device.drv.cuMemsetD32Async(self._tickets, 0, groups, self.device.stream)
-        if self._bulk_copies:  # a captured step's bulk matvecs as one launch (chain.py); its barriers' counts start at 0
-            arrivals = s.carve(4 * (CHAIN_MAX_STEPS + 1))
-            self.device.drv.cuMemsetD32Async(arrivals, 0, CHAIN_MAX_STEPS + 1, self.device.stream)
-            self.device.chain = MatvecChain(self.device, arrivals, X16_BULK_SHARED,
-                                            X16_BULK_BLOCKS_AN_SM * self.device.info.multiprocessors)
         # (token class, the weights' addresses: carved once, never shared) -> the matmul's launches (_plan)
         self._plans: dict[tuple[int, ...], list[Group | tuple[Weight, str]]] = {}
 

@@ -1,6 +1,6 @@
 """Every kernel's parameters as Device.launch packs them: a letter a parameter of its C signature in
 kernels/*.cu, the struct module's: P a pointer, i an int, q an int64_t (long long), f a float, d a
-double; C a ChainSteps (kernels/matvec_x16_mma.cu), passed as chain.py packs it. Call sites pass plain ints and floats in that order; struct refuses a float for an int.
+double. Call sites pass plain ints and floats in that order; struct refuses a float for an int.
 tests/test_launch_args.py checks this table against the kernels' source.
 """
 from __future__ import annotations
@@ -17,7 +17,6 @@ FAMILIES = {
     "matvec_x16_1": "PPPPPPPPPiiiiPfPPPPP",
     "matvec_x16_mma": "PPPPPPPPPiiiiPfPPPPP",  # matvec_x16_mma.cu
     "matvec_x16_bulk": "PPPPPPPPPiiiiPfPPPPP",
-    "matvec_chain": "CP",
     "stacked_matvec": "PqPPPiiiii",  # moe.cu
     "experts_down": "PqPPPPiii",
 }
