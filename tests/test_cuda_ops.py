@@ -292,7 +292,7 @@ def test_matmuls_equal_the_matmuls_one_by_one(gpu, kinds, n_cols):
 def test_bulk_matvec_is_the_register_matvec_to_the_bit(monkeypatch, rows, n_cols):
     """From sm_90 on, one token's Q4_K matvec streams its rows through shared memory (matvec_x16_bulk_q4_K):
     a grid of 2 blocks an SM, each walking its groups of 32 rows (9,000 rows: some blocks two groups) and
-    each group's stages of 8 superblocks through a ring of 3 (12,288 columns: 6 a group). Every lane sums
+    each group's stages of 8 superblocks through a ring of 2 (12,288 columns: 6 a group). Every lane sums
     the same superblocks in the same order as the register kernel's, so the products are its bits, the
     residual summed in too, and the reference's on the int16-rounded x to float32 summation."""
     from reflex_engine.backends.cuda import CudaOps

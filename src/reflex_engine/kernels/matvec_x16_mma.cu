@@ -180,7 +180,10 @@ extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, 2)
 // 64 bytes further on, so that the 8 lanes of a 16-byte shared load (rows g and g + 1, 64 bytes
 // each) touch 32 different banks (yet ncu counted 3.9-way conflicts on 16% of the wavefronts).
 constexpr int XB_STAGE_SUPERS = XM_WARPS;
-constexpr int XB_STAGES = 3;  // a block's ring of stages
+// a block's ring of stages: with 2 blocks an SM, 2 of 36.9 KB each keep ~74 KB in flight an SM, past what memory's
+// latency asks (~30 KB a microsecond at 4 TB/s); 3 measured 1% slower (H200, 8B Q4_K_M decode 417.5 against
+// 421.7 tok/s, docs/perf-notes.md run 18), the SM's L1 left 37 KB less for x
+constexpr int XB_STAGES = 2;
 constexpr int XB_BLOCKS_AN_SM = 2;
 constexpr int XB_SEG = XB_STAGE_SUPERS * (int)sizeof(block_q4_K);  // a row's bytes in a stage
 constexpr int XB_ODD = (XM_ROWS / 2) * XB_SEG + 64;  // where a stage's odd rows begin

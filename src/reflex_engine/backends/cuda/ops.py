@@ -41,7 +41,7 @@ X16_MMA_ROWS, X16_MMA_WARPS = 32, 8
 # 32 rows x 256 · X16_MMA_WARPS columns, X16_BULK_STAGES of them a block in flight, X16_BULK_BLOCKS_AN_SM
 # blocks an SM walking their groups of rows in turn; for rows of whole stages at 16-byte addresses
 X16_BULK_TYPES = (GGMLType.Q4_K,)
-X16_BULK_STAGES, X16_BULK_BLOCKS_AN_SM = 3, 2
+X16_BULK_STAGES, X16_BULK_BLOCKS_AN_SM = 2, 2
 X16_BULK_STAGE_COLS = 256 * X16_MMA_WARPS
 X16_BULK_SHARED = X16_BULK_STAGES * (X16_MMA_ROWS * X16_MMA_WARPS * GGML_BLOCK[GGMLType.Q4_K][1] + 64)
 # the tensor-core matvec and short-prompt GEMM (kernels/gemm_frag.cu) take rows of at least this many columns:
