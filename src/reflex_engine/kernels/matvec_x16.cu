@@ -17,6 +17,7 @@ constexpr int X16_ROWS = 2;  // rows a block of a pass of 8 tokens computes, sha
 // with 4: 1.6-2.2 TB/s, decode 234 -> 292 tok/s; with 8, 117 registers and 3 blocks an SM: 292)
 constexpr int X16_DECODE_ROWS = 4;
 constexpr int X16_DECODE_BLOCKS_AN_SM = 6;  // matvec_x16_1_<type>'s launch bounds (below)
+constexpr int X16_DECODE_BLOCKS_AN_SM_Q8_0 = 8;  // but Q8_0's (ops.py's one-wave rule keeps the 6)
 constexpr int X16_AHEAD = 2;  // passes over the rows whose weights are requested before they are read
 
 // c + the dot product of the four signed bytes of w with four int16: x01 (elements 0, 1) and x23.
@@ -253,10 +254,12 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
 // grid = (Σ ceil(rows_i / X16_ROWS), ceil(n_tok / 8)); n_cols a multiple of the type's block. 5 blocks an SM, as matvec.cu.
 // matvec_x16_1_<type>: the same for one token, X16_DECODE_ROWS rows a block; grid = Σ ceil(rows_i / X16_DECODE_ROWS);
 // 6 blocks an SM, 80 registers: left to itself ptxas took 80-114 by type, and 4-5 blocks (H200, Qwen3-8B Q4_K_M
-// decode 416.4 tok/s at 6 against 413.6, docs/perf-notes.md run 17).
+// decode 416.4 tok/s at 6 against 413.6, docs/perf-notes.md run 17). Q8_0's 8, 64 registers without spilling: 8B
+// Q8_0's 1,024-block launches then fit the SMs at once (decode 314.6 / 314.9 tok/s against 304.1 / 304.2, run 18);
+// at 8 the K types spilled, and 8B Q4_K_M's Q6_K rows lost 1%.
 // It may read a norm's output (x_sums, eps) and, with one weight of whole groups of 32 rows, write the next
 // norm's share (norm_w ...: x16.cuh NormOut).
-#define MATVEC_X16_KERNEL(name, B)                                                                          \
+#define MATVEC_X16_KERNEL(name, B, blocks)                                                                  \
     extern "C" __global__ void __launch_bounds__(X16_THREADS, 5)                                            \
         matvec_x16_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,       \
                           const float2* xds, float* y0, float* y1, float* y2, const float* add, int rows0,  \
@@ -269,7 +272,7 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
                                                 add && i == 0 ? add + t0 * n_rows : nullptr, u * X16_ROWS,  \
                                                 n_rows, n_cols, min(X16_MAX_TOKENS, n_tok - (int)t0));      \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(X16_THREADS, X16_DECODE_BLOCKS_AN_SM)                      \
+    extern "C" __global__ void __launch_bounds__(X16_THREADS, blocks)                                       \
         matvec_x16_1_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,     \
                             const float2* xds, float* y0, float* y1, float* y2, const float* add, int rows0, \
                             int rows1, int rows2, int n_cols, const float* x_sums, float eps,               \
@@ -284,10 +287,10 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
             store_normed_when_whole<X16_DECODE_ROWS>(y0, u * X16_DECODE_ROWS,                               \
                                                      {norm_w, norm_xq, norm_xds, norm_sums, tickets});      \
     }
-MATVEC_X16_KERNEL(q4_0, block_q4_0)
-MATVEC_X16_KERNEL(q5_0, block_q5_0)
-MATVEC_X16_KERNEL(q8_0, block_q8_0)
-MATVEC_X16_KERNEL(q4_K, block_q4_K)
-MATVEC_X16_KERNEL(q5_K, block_q5_K)
-MATVEC_X16_KERNEL(q6_K, block_q6_K)
+MATVEC_X16_KERNEL(q4_0, block_q4_0, X16_DECODE_BLOCKS_AN_SM)
+MATVEC_X16_KERNEL(q5_0, block_q5_0, X16_DECODE_BLOCKS_AN_SM)
+MATVEC_X16_KERNEL(q8_0, block_q8_0, X16_DECODE_BLOCKS_AN_SM_Q8_0)
+MATVEC_X16_KERNEL(q4_K, block_q4_K, X16_DECODE_BLOCKS_AN_SM)
+MATVEC_X16_KERNEL(q5_K, block_q5_K, X16_DECODE_BLOCKS_AN_SM)
+MATVEC_X16_KERNEL(q6_K, block_q6_K, X16_DECODE_BLOCKS_AN_SM)
 #undef MATVEC_X16_KERNEL

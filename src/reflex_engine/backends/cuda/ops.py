@@ -31,7 +31,9 @@ X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a ti
 # its blocks an SM (its launch bounds); it writes a norm's share (_fuse_norm) only where its blocks fit on the SMs
 # at once: each block's ticket for its group (a fence) then held the next wave back (H200, run 17: Qwen3-8B Q8_0,
 # 4,096 rows in 1,024 blocks, decode 298.2 tok/s with, 303.9 without; Qwen3-0.6B Q4_K_M, 1,024 rows, 1,238.0 with,
-# 1,205.0 without)
+# 1,205.0 without). Q8_0's kernel holds 8 an SM (kernels/matvec_x16.cu); the rule keeps the 6 every type holds,
+# so Q8_0 launches of 793-1,056 blocks, which fit too, still leave their norms alone (8B Q8_0 with them fused: not
+# yet measured)
 X16_DECODE_BLOCKS_AN_SM = 6
 # kernels/matvec_x16_mma.cu: one token's matvec of these types on tensor cores instead, from the same
 # int16 blocks to the same integer sums: 32 rows a block, a warp per 256 columns of its rows, at most 8
