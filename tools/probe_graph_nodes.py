@@ -1,11 +1,12 @@
 """What each kind of kernel costs inside a replayed decode step: the step's CUDA graph captured
 after a 128-token prompt, then replayed with kernel nodes switched off by name
-(cuGraphNodeSetEnabled): all on, each name off alone, only the matvecs on, only the rest on. A
+(cuGraphNodeSetEnabled): all on, each name off alone, only the matvecs on, only the rest on; with --places, each
+matvec's place instead of its name alone (its grid and the kernel before it: o after attention, down after SwiGLU). A
 switched-off kernel leaves its outputs stale, so later kernels compute on garbage; what they read and
 how long they take do not depend on the values (no kernel here branches on them but attention's
 masks, which read the step's ints, untouched).
 
-    PYTHONPATH=src python3 tools/probe_graph_nodes.py MODEL [--replays 200]
+    PYTHONPATH=src python3 tools/probe_graph_nodes.py MODEL [--replays 200] [--places]
 
 A throwaway measurement tool: it keeps the captured graph the engine would destroy.
 """
@@ -35,7 +36,17 @@ def kernel_nodes(lib, graph, names_of: dict[int, str]) -> list[tuple[c_void_p, s
         if kind.value == NODE_KERNEL:
             assert lib.cuGraphKernelNodeGetParams_v2(c_void_p(node), params) == 0
             func = ctypes.c_void_p.from_buffer(params).value  # CUDA_KERNEL_NODE_PARAMS_v2's first field
-            out.append((c_void_p(node), names_of.get(func, f"? {func:#x}")))
+            grid = ctypes.c_uint32.from_buffer(params, 8).value  # then gridDimX
+            out.append((c_void_p(node), names_of.get(func, f"? {func:#x}"), grid))
+    return out
+
+
+def places(nodes) -> list[tuple[c_void_p, str]]:
+    """Each matvec node named by its grid and the kernel node before it, the others by their name."""
+    out, before = [], "the step's start"
+    for node, name, grid in nodes:
+        out.append((node, f"{name} [{grid}] after {before}" if name.startswith("matvec") else name))
+        before = name
     return out
 
 
@@ -43,6 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--replays", type=int, default=200)
+    ap.add_argument("--places", action="store_true")
     args = ap.parse_args()
     if args.replays < 5:
         sys.exit("probe_graph_nodes: --replays takes 5 or more")
@@ -63,6 +75,7 @@ def main() -> None:
     exec_, graph = model._forward.graphs[next(iter(model._forward.graphs))]._exec, kept[-1]  # the decode step's
     names_of = {fn.value: name for name, fn in dev._functions.items()}
     nodes = kernel_nodes(lib, graph, names_of)
+    nodes = places(nodes) if args.places else [(node, name) for node, name, _ in nodes]
     counts = Counter(name for _, name in nodes)
     start, end = c_void_p(), c_void_p()
     drv.cuEventCreate(byref(start), EVENT_DEFAULT)
