@@ -2,20 +2,23 @@
 # An sm_90 kernel image of other kernel sources, for tools/gpu_check.sh's VARIANTS=1 (which runs
 # tools/probe_launch_shapes.py with each image under .variants/ in turn, beside the carried one):
 #
-#   bash tools/build_variant.sh NAME [--rev REV] [--patch FILE] [-- PROBE ARGS...]
+#   bash tools/build_variant.sh NAME [--rev REV] [--patch FILE] [--python] [-- PROBE ARGS...]
 #
 # builds the kernels of REV (default HEAD) with FILE applied (a `git diff` of the kernels) into
 # .variants/NAME, and writes the probe's arguments for that image (default: none) to its probe_args.
+# --python: the variant is the whole package (REV's Python with FILE applied, its image inside, ~3.5 MB):
+# for changes to the host code too, or to run HEAD's tree beside a working tree that changed both.
 # Carry .variants with the call (`carry`), and keep .variants/ in .git/info/exclude.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 1 ] && [[ $1 != -* ]] || { echo "usage: tools/build_variant.sh NAME [--rev REV] [--patch FILE] [-- PROBE ARGS...]" >&2; exit 2; }
-name=$1 rev=HEAD patch=
+[ $# -ge 1 ] && [[ $1 != -* ]] || { echo "usage: tools/build_variant.sh NAME [--rev REV] [--patch FILE] [--python] [-- PROBE ARGS...]" >&2; exit 2; }
+name=$1 rev=HEAD patch= python_too=
 shift
 while [ $# -gt 0 ]; do
     case $1 in
         --rev) rev=$2; shift 2 ;;
         --patch) patch=$(realpath "$2"); shift 2 ;;
+        --python) python_too=1; shift ;;
         --) shift; break ;;
         *) echo "build_variant: unknown option $1" >&2; exit 2 ;;
     esac
@@ -28,8 +31,15 @@ git worktree add -q --detach "$tree" "$rev"
 [ -z "$patch" ] || git -C "$tree" apply "$patch"
 out=$PWD/.variants/$name
 rm -rf "$out"
-(cd "$tree" && REFLEX_CUDA=1 REFLEX_CUDA_COMPILER=nvcc REFLEX_CUDA_ARCH=sm_90 "$python" build_kernels.py "$out") \
+image=$out
+if [ -n "$python_too" ]; then
+    mkdir -p "$out/src"
+    cp -r "$tree/src/reflex_engine" "$out/src/"
+    rm -rf "$out/src/reflex_engine/cuda_image"
+    image=$out/src/reflex_engine/cuda_image
+fi
+(cd "$tree" && REFLEX_CUDA=1 REFLEX_CUDA_COMPILER=nvcc REFLEX_CUDA_ARCH=sm_90 "$python" build_kernels.py "$image") \
     >/dev/null 2>"$tree.log" || { cat "$tree.log" >&2; rm -f "$tree.log"; exit 1; }
 rm -f "$tree.log"
 printf '%s\n' "$*" > "$out/probe_args"
-echo "$out: $(git rev-parse --short "$rev")${patch:+ + $(basename "$patch")}, probe args: ${*:-(none)}"
+echo "$out: $(git rev-parse --short "$rev")${patch:+ + $(basename "$patch")}${python_too:+ (the package)}, probe args: ${*:-(none)}"

@@ -29,7 +29,9 @@
 #               replayed decode step with kernels switched off by name), probe_gemm_crossover (prompt passes through either
 #               GEMM), probe_prompt_graphs, probe_decode_ahead (GRAPH_NODES=1 and CROSSOVER=1 before run 12)
 #   VARIANTS=1  tools/probe_launch_shapes.py (the image's probe_args file, else VARIANT_ARGS) on each MAIN_SHAPES Q4_K_M
-#               file with each kernel image in .variants/ (sm_90 images built here: tools/build_variant.sh) in place of the carried one
+#               file with each kernel image in .variants/ (sm_90 images built here: tools/build_variant.sh) in place of the carried one,
+#               or with a variant's own package (build_variant.sh --python); VARIANT_ROUNDS=N: N rounds, each the carried
+#               tree's probe first (with VARIANT_ARGS), then every variant's (a-b-a-b: cross-process spread is ~1%)
 #   PROBE=1     tools/probe_overlap.py on PROBE_SHAPES' files (the first MAIN_SHAPES; 16-token prompt, n=PROBE_N, 10, PROBE_VARIANTS, PROBE_ARGS):
 #               fresh processes beside the Python floor: the upload's overlap, the driver's queues, the way out
 #   SIDECAR=1   with COLD: the sidecar's cold start (sidecar/tools/cold_start.py, its wheels in .whl/)
@@ -182,12 +184,21 @@ done
 if [ "${VARIANTS:-0}" = 1 ]; then  # kernel images built here with other constants, each in turn in place of the carried one
     wait_peer  # nothing compiles beside the timings
     cp -r src/reflex_engine/cuda_image /tmp/main_image
-    for v in .variants/*/; do
-        rm -rf src/reflex_engine/cuda_image && cp -r "$v" src/reflex_engine/cuda_image
-        for shape in ${MAIN_SHAPES:-0.6b 8b}; do
-            echo "### variant $(basename "$v")" | tee -a "$LOG"
-            python3 tools/probe_launch_shapes.py "$(model_file $shape q4_k_m)" --fused 3 --gemm-blocks 2 \
-                $(cat "$v/probe_args" 2>/dev/null || echo "${VARIANT_ARGS:-}") 2>&1 | tee -a "$LOG"
+    rounds=${VARIANT_ROUNDS:-1}
+    for round in $(seq "$rounds"); do
+        for v in $([ "$rounds" -gt 1 ] && echo carried) .variants/*/; do
+            path=$PYTHONPATH
+            rm -rf src/reflex_engine/cuda_image && cp -r /tmp/main_image src/reflex_engine/cuda_image
+            if [ -d "$v/src" ]; then
+                path=$ROOT/${v%/}/src${PYTHONPATH#"$ROOT/src"}  # its own package in place of ours
+            elif [ "$v" != carried ]; then
+                rm -rf src/reflex_engine/cuda_image && cp -r "$v" src/reflex_engine/cuda_image
+            fi
+            for shape in ${MAIN_SHAPES:-0.6b 8b}; do
+                echo "### variant $(basename "$v"), round $round" | tee -a "$LOG"
+                PYTHONPATH=$path python3 tools/probe_launch_shapes.py "$(model_file $shape q4_k_m)" --fused 3 --gemm-blocks 2 \
+                    $(cat "$v/probe_args" 2>/dev/null || echo "${VARIANT_ARGS:-}") 2>&1 | tee -a "$LOG"
+            done
         done
     done
     rm -rf src/reflex_engine/cuda_image && cp -r /tmp/main_image src/reflex_engine/cuda_image
