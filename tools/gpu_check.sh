@@ -181,7 +181,7 @@ for probe in ${PROBES:-}; do
     done
 done
 
-if [ "${VARIANTS:-0}" = 1 ]; then  # kernel images built here with other constants, each in turn in place of the carried one
+if [ "${VARIANTS:-0}" = 1 ]; then  # kernel images (or packages) built here, each in turn in place of the carried one
     wait_peer  # nothing compiles beside the timings
     cp -r src/reflex_engine/cuda_image /tmp/main_image
     rounds=${VARIANT_ROUNDS:-1}

@@ -25,7 +25,8 @@ NODE_KERNEL = 0  # CU_GRAPH_NODE_TYPE_KERNEL
 EVENT_DEFAULT = 0
 
 
-def kernel_nodes(lib, graph, names_of: dict[int, str]) -> list[tuple[c_void_p, str]]:
+def kernel_nodes(lib, graph, names_of: dict[int, str]) -> list[tuple[c_void_p, str, int]]:
+    """(node, kernel name, gridDim.x) of each kernel node, in the graph's order (the launches')."""
     count = c_size_t()
     assert lib.cuGraphGetNodes(graph, None, byref(count)) == 0
     nodes = (c_void_p * count.value)()
