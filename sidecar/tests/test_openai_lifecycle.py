@@ -162,7 +162,7 @@ def test_restart_replaces_a_dead_engine():
             assert time.monotonic() < deadline, "no new engine"
             time.sleep(0.02)
         answer = sidecar.http.post("/v1/chat/completions", json={"model": FIXTURE, "messages": MESSAGES,
-                                                                 "max_tokens": 2})
+                                                                 "max_tokens": 2, "ignore_eos": True})
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 2
         assert sidecar.proc.poll() is None
     finally:
