@@ -187,13 +187,13 @@ if [ "${VARIANTS:-0}" = 1 ]; then  # kernel images (or packages) built here, eac
     rounds=${VARIANT_ROUNDS:-1}
     for round in $(seq "$rounds"); do
         for v in $([ "$rounds" -gt 1 ] && echo carried) .variants/*/; do
-            path=$PYTHONPATH
-            rm -rf src/reflex_engine/cuda_image && cp -r /tmp/main_image src/reflex_engine/cuda_image
+            path=$PYTHONPATH image=/tmp/main_image
             if [ -d "$v/src" ]; then
-                path=$ROOT/${v%/}/src${PYTHONPATH#"$ROOT/src"}  # its own package in place of ours
+                path=$ROOT/${v%/}/src${PYTHONPATH#"$ROOT/src"}  # its own package (and image) in place of ours
             elif [ "$v" != carried ]; then
-                rm -rf src/reflex_engine/cuda_image && cp -r "$v" src/reflex_engine/cuda_image
+                image=$v
             fi
+            rm -rf src/reflex_engine/cuda_image && cp -r "$image" src/reflex_engine/cuda_image
             for shape in ${MAIN_SHAPES:-0.6b 8b}; do
                 echo "### variant $(basename "$v"), round $round" | tee -a "$LOG"
                 PYTHONPATH=$path python3 tools/probe_launch_shapes.py "$(model_file $shape q4_k_m)" --fused 3 --gemm-blocks 2 \

@@ -172,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, 2)
 // The same products with the weights streamed into shared memory by the copy engine (sm_90's
 // cp.async.bulk): the register kernel above asks for a superblock, waits, multiplies, asks for the
 // next, so its SMs idle between its warps' round trips and reach ~2.5 TB/s on the H200 (docs/perf-notes.md,
-// runs 10-15); here a block's next XB_STAGES stages are in flight while it multiplies one, its
+// runs 10-15); here a block's ring of XB_STAGES stages keeps the next in flight while it multiplies one, its
 // grid fills the SMs XB_BLOCKS_AN_SM deep and each block walks its groups of 32 rows in turn, so
 // that memory need not wait for the multiplies (8B's gate + up: 2.7 TB/s, DRAM 56% busy, run 16).
 // A stage is 32 rows x XB_STAGE_SUPERS superblocks (one a warp), a row's segment one bulk copy (lane
