@@ -299,7 +299,7 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
             }
         }
         __syncthreads();  // the slot is free, the group's partial sums are in
-        if (last && warp == 0) {  // the other warps go on to the next stage
+        if (last && warp == XM_WARPS - 1) {  // the other warps go on to the next stage; warp 0 asks for the next one
             int i;
             const int u = group_of(k, i);
             store_group(mine, XM_WARPS, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS, pick(i, rows0, rows1, rows2),
