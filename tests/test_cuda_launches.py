@@ -327,7 +327,9 @@ def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
     assert matmul_launches(names) == {"matvec_x16_1_q4_K": 2 * 4 + 1}
     # a decode step splits the whole cache (one grid for every position, as its graph replays it), and the
     # last split to finish merges them: no launch of its own
-    assert names.count("attention") == 2 and "attention_combine" not in names
+    attention = "attention_rope" if ops_module.ATTENTION_ROPES else "attention"
+    assert names.count(attention) == 2 and "attention_combine" not in names
+    assert "kv_store" not in names  # the rope before it, or the attention itself, wrote k and v to the cache
     assert "take_rows_f32" not in names  # its one row is the logits row: nothing to take
     # the norms after o and down (ffn, the next layer's attention, the output's) are theirs and the next
     # matvecs': only the first layer's, after the embedding, is a launch of its own

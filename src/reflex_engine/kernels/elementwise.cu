@@ -2,6 +2,7 @@
 // Arithmetic follows the numpy backend operation for operation (explicit _rn intrinsics where
 // the compiler would otherwise contract a*b-c into one FMA), so results match it to rounding.
 #include "common.cuh"
+#include "rope.cuh"
 #include "x16.cuh"
 
 // y = x / sqrt(s + eps) * w over each group of d features, s the mean of the squares (RMSNorm) or, with
@@ -28,9 +29,7 @@ extern "C" __global__ void norm_f32(const float* x, const float* w, float* y, in
     }
 }
 
-// Rotate the first n_rot dims of every head; NEOX pairs (i, i + n_rot/2), NORM pairs (2i, 2i+1).
-// The angle is computed in double as the reference does: pos * freq_scale * base^(-2i/n_rot) / ff[i].
-// With norm_w, each head is first RMS-normalized as norm_f32 does it (the rotation then of its output).
+// Rotate the first n_rot dims of every head (rope.cuh); with norm_w, each head is first RMS-normalized.
 // Two tensors of the same tokens at once (q and k, each with its own norm): blocks y < heads0 take
 // x0's heads0 heads a token, the rest x1's (gridDim.y - heads0; none: x1, y1 unused). With k_cache,
 // x1 is k and the blocks of its heads write what kv_store would (attention.cu) of token i into slot
@@ -42,39 +41,22 @@ extern "C" __global__ void rope_f32(const float* x0, float* y0, const float* nor
                                     int neox, double base, double freq_scale, float eps, __half* k_cache, __half* v_cache,
                                     const float* v, int v_width, int* slot_seg, const int* seg, const int* start_at) {
     follow_previous_kernel();
+    __shared__ float2 angles[ROPE_MAX_PAIRS];
     const bool second = blockIdx.y >= heads0;
     const float* x = second ? x1 : x0;
     float* y = second ? y1 : y0;
-    const float* norm_w = second ? norm1 : norm0;
     const int n_heads = second ? gridDim.y - heads0 : heads0, h = second ? blockIdx.y - heads0 : blockIdx.y;
     const int64_t head = ((int64_t)blockIdx.x * n_heads + h) * head_dim;
-    const int half = n_rot / 2;
     const bool store = second && k_cache;
     const int64_t slot = store ? (int64_t)*start_at + blockIdx.x : 0;
     __half* k_slot = store ? k_cache + slot * n_heads * head_dim + (int64_t)h * head_dim : nullptr;
-    const auto put = [&](int i, float value) {
+    const RopeParams r{freq_factors, head_dim, n_rot, neox != 0, base, freq_scale, eps};
+    rope_angles(r, pos[blockIdx.x], angles);
+    __syncthreads();
+    rope_head(x + head, second ? norm1 : norm0, r, angles, [&](int i, float value) {
         y[head + i] = value;
         if (store) k_slot[i] = __float2half_rn(value);
-    };
-    float scale = 1.0f;
-    if (norm_w) {
-        float sq = 0.0f;
-        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) sq += x[head + i] * x[head + i];
-        scale = sqrtf(block_sum(sq) / head_dim + eps);
-    }
-    const auto in = [&](int i) { return norm_w ? __fmul_rn(__fdiv_rn(x[head + i], scale), norm_w[i]) : x[head + i]; };
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double inv_freq = pow(base, -2.0 * i / n_rot);
-        if (freq_factors) inv_freq /= (double)freq_factors[i];
-        double s, c;
-        sincos((double)pos[blockIdx.x] * freq_scale * inv_freq, &s, &c);
-        const float cs = (float)c, sn = (float)s;
-        const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-        const float a = in(ia), b = in(ib);
-        put(ia, __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
-        put(ib, __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs)));
-    }
-    for (int i = n_rot + threadIdx.x; i < head_dim; i += blockDim.x) put(i, in(i));
+    });
     if (store) {
         const int dv = v_width / n_heads;
         const float* v_head = v + (int64_t)blockIdx.x * v_width + (int64_t)h * dv;
