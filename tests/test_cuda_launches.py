@@ -182,6 +182,24 @@ def rope_then(lib, then):
             for name, *_, args in lib.launches], cache
 
 
+def test_only_the_first_rope_of_a_passs_positions_works_out_their_angles(fake):  # noqa: F811
+    """kernels/rope.cuh: the pass's first rope writes the angles' table, the later ones of the same positions
+    and parameters read it (angles_ready); new positions (the next pass's upload) or another base, not."""
+    lib = fake()
+    ops = ops_module.CudaOps()
+    ops.reserve([(GGMLType.F32, (64,))], CacheShape(1, 16, 128, 128), activation_width=2048)
+    ops.commit_weights()
+    x = ops.from_host(np.ones((2, 128), np.float32))
+    a, b = Rope(RopeMode.NEOX, 64, 10000.0), Rope(RopeMode.NEOX, 64, 500000.0)
+    ready_arg = len(param_format("rope_f32")) - len(ops_module.NO_CACHE_WRITE) - 1
+    lib.launches = []
+    first, second = [0, 1], [2, 3]
+    for rope, positions in ((a, first), (a, first), (b, first), (b, first), (b, second), (b, second)):
+        ops.rope(x, positions, 64, rope)
+        ops.device.release()
+    assert [int.from_bytes(args[ready_arg], "little") for name, *_, args in lib.launches if name == "rope_f32"] == [0, 1, 0, 1, 0, 1]
+
+
 def attend(ops, q, k, v, cache):
     ops.attention(q, k, v, cache=cache, layer=0, batch=Batch.causal(range(8), 0), n_heads=4, n_kv_heads=2, scale=0.125)
 

@@ -377,6 +377,17 @@ def test_rope(gpu, mode, head_dim, n_rot, factors, normed):
     np.testing.assert_allclose(got, want, rtol=1e-5 if normed else 1e-6, atol=1e-5 if normed else 1e-6)
 
 
+def test_a_passs_later_ropes_read_the_angles_its_first_worked_out(gpu):
+    """The first rope of a pass's positions works out their angles (in double) into a table the later ones
+    read; a rope of other parameters, or of other positions, works them out again. Each against numpy."""
+    positions, other = [3, 0, 1000, 77], [5, 9, 4000, 2]
+    x = rng.standard_normal((4, 2 * 128)).astype(np.float32) * 4
+    a, b = Rope(RopeMode.NEOX, 128, 1000000.0), Rope(RopeMode.NEOX, 128, 10000.0)
+    for rope, pos in ((a, positions), (a, positions), (b, positions), (a, positions), (a, other), (a, other)):
+        got = gpu.to_host(gpu.rope(host(gpu, x), pos, 128, rope))
+        np.testing.assert_allclose(got, cpu.rope(x, pos, 128, rope), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("normed", [False, True], ids=["ropes", "ropes-of-rms-norms"])
 def test_ropes_of_q_and_k_in_one_launch_equal_each_alone(gpu, normed):
     """q (4 heads) and k (2 heads, another norm weight) rotated by one launch give each to the bit

@@ -274,25 +274,26 @@ attention(const float* q, const __half* k_cache, const __half* v_cache, const in
 // come from shared memory inside it; the first block of each kv head's first split writes them (k rounded
 // to f16, v too, and slot_seg from the first kv head), the first split's blocks their roped q heads to
 // q_out, and those k writers the roped k heads to k_out: every output of rope_f32 with the cache's write.
-// The same bits as that rope, then `attention`. LAUNCH: as attention's with n_tok 1 (grid (1, n_heads,
+// The same bits as that rope, then `attention`; angles and angles_ready as rope_f32's (its first block
+// writes the table's row). LAUNCH: as attention's with n_tok 1 (grid (1, n_heads,
 // n_splits)); pos the token's position; q, k, v its rows (n_heads * dk, n_kv_heads * dk, n_kv_heads * dv).
 // 3 blocks an SM: at 5 (96 registers) the fresh slot's loads spilled, at 4 (128) with the prefetches too.
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP, 3)
 attention_rope(const float* q, const float* k, const float* v, float* q_out, float* k_out, const float* q_norm,
                const float* k_norm, const int* pos, const float* freq_factors, int n_rot, int neox, double base,
-               double freq_scale, float eps, __half* k_cache, __half* v_cache, int* slot_seg, const int* seg,
-               float* out, const int* start_at, int n_heads, int n_kv_heads, int dk, int dv, float scale,
+               double freq_scale, float eps, float2* angles, int angles_ready, __half* k_cache, __half* v_cache,
+               int* slot_seg, const int* seg, float* out, const int* start_at, int n_heads, int n_kv_heads, int dk, int dv, float scale,
                float* partials, int* counts, uint8_t* xq, float2* xds) {
     follow_previous_kernel();
     constexpr int WIDTH = ATTN_MAX_PER_LANE * WARP, PER_THREAD = WIDTH / (ATTN_WARPS * WARP);
-    __shared__ float2 angles[ROPE_MAX_PAIRS];
+    __shared__ float2 cs[ROPE_MAX_PAIRS];
+    __shared__ float norm_scale[2];
     __shared__ float q_head[WIDTH], staged[4][WIDTH];  // q's and k's heads as they come, then their norms' weights
     __shared__ __half k_new[WIDTH], v_new[WIDTH];
     const int h = blockIdx.y, kv_head = h / (n_heads / n_kv_heads), start = *start_at;
     const size_t k_width = (size_t)n_kv_heads * dk, v_width = (size_t)n_kv_heads * dv, slot = start;
     const bool first_split = blockIdx.z == 0, writer = first_split && h % (n_heads / n_kv_heads) == 0;
-    // Every input in flight at once, while the angles are worked out: one trip to memory, not one a step
-    // of the rope (which took this launch 3.6 us longer than rope_f32's and the attention's together)
+    // Every input in flight at once, the angles too: one trip to memory, not one a step of the rope
     const float* ins[4] = {q + (size_t)h * dk, k + (size_t)kv_head * dk, q_norm, k_norm};
     const float* v_head = v + (size_t)kv_head * dv;
     float in[4][PER_THREAD], v_in[PER_THREAD];
@@ -316,7 +317,8 @@ attention_rope(const float* q, const float* k, const float* v, float* q_out, flo
         }
     }
     const RopeParams r{freq_factors, dk, n_rot, neox != 0, base, freq_scale, eps};
-    rope_angles(r, *pos, angles);
+    const bool first_block = h == 0 && first_split;
+    rope_angles(r, *pos, angles, angles_ready, first_block, cs);
 #pragma unroll
     for (int e = 0; e < PER_THREAD; ++e) {
         const int c = threadIdx.x + e * ATTN_WARPS * WARP;
@@ -329,11 +331,17 @@ attention_rope(const float* q, const float* k, const float* v, float* q_out, flo
     }
     if (writer && kv_head == 0 && threadIdx.x == 0) slot_seg[slot] = seg[0];
     __syncthreads();
-    rope_head(staged[0], q_norm ? staged[2] : nullptr, r, angles, [&](int i, float value) {
+    const int warp = threadIdx.x / WARP;  // q's norm on warp 0, k's on warp 1, side by side
+    if (warp < 2 && (warp == 0 ? q_norm : k_norm)) {
+        const float s = head_norm_scale(staged[warp], r);
+        if (threadIdx.x % WARP == 0) norm_scale[warp] = s;
+    }
+    __syncthreads();
+    rope_rotate(staged[0], q_norm ? staged[2] : nullptr, norm_scale[0], r, cs, [&](int i, float value) {
         q_head[i] = value;
         if (first_split) q_out[(size_t)h * dk + i] = value;
     });
-    rope_head(staged[1], k_norm ? staged[3] : nullptr, r, angles, [&](int i, float value) {
+    rope_rotate(staged[1], k_norm ? staged[3] : nullptr, norm_scale[1], r, cs, [&](int i, float value) {
         k_new[i] = __float2half_rn(value);
         if (writer) k_out[(size_t)kv_head * dk + i] = value, k_cache[slot * k_width + (size_t)kv_head * dk + i] = k_new[i];
     });

@@ -3,7 +3,7 @@
 #pragma once
 #include "common.cuh"
 
-#define ROPE_MAX_PAIRS 128  // n_rot up to 256
+#define ROPE_MAX_PAIRS 128  // n_rot up to 256: ops.py ROPE_MAX_DIMS
 
 // NEOX pairs (i, i + n_rot/2), NORM pairs (2i, 2i+1). eps is the head's RMSNorm's, where it has one.
 struct RopeParams {
@@ -14,36 +14,41 @@ struct RopeParams {
     float eps;
 };
 
-// cs[i] = (cos, sin) of pair i's angle at position pos, computed in double as the reference does:
-// pos * freq_scale * base^(-2i/n_rot) / ff[i]. By the block's threads; the caller syncs before reading.
-__device__ __forceinline__ void rope_angles(const RopeParams& r, int pos, float2* cs) {
+// cs[i] = (cos, sin) of pair i's angle at position pos, by the block's threads (the caller syncs before
+// reading them). Computed in double as the reference does, pos * freq_scale * base^(-2i/n_rot) / ff[i], into
+// the pass's table row of the token as well where `write`; or, where `ready`, read from that row, which
+// the pass's first rope wrote for the same positions and parameters (ops.py CudaOps.ropes): the same
+// numbers without the double-precision pow and sincos, which took 3% of a 0.6B decode step.
+__device__ __forceinline__ void rope_angles(const RopeParams& r, int pos, float2* table_row, bool ready, bool write,
+                                            float2* cs) {
     for (int i = threadIdx.x; i < r.n_rot / 2; i += blockDim.x) {
+        if (ready) {
+            cs[i] = table_row[i];
+            continue;
+        }
         double inv_freq = pow(r.base, -2.0 * i / r.n_rot);
         if (r.freq_factors) inv_freq /= (double)r.freq_factors[i];
         double s, c;
         sincos((double)pos * r.freq_scale * inv_freq, &s, &c);
         cs[i] = make_float2((float)c, (float)s);
+        if (write) table_row[i] = cs[i];
     }
 }
 
-// The head x (head_dim floats) rotated by the angles cs: put(i, value) for each of its dims, by the block's
-// threads. With norm_w, the head is first RMS-normalized (every thread must call this, with the same
-// norm_w): its squares summed by the first warp, in an order that does not depend on the block's size.
+// The RMSNorm divisor of head x (head_dim floats): sqrt(mean of squares + eps), by one warp, whose lanes
+// sum dims lane, lane + 32, ... in turn and then across the warp: an order no block's size changes. Every
+// lane gets it.
+__device__ __forceinline__ float head_norm_scale(const float* x, const RopeParams& r) {
+    float sq = 0.0f;
+    for (int i = threadIdx.x % WARP; i < r.head_dim; i += WARP) sq += x[i] * x[i];
+    return sqrtf(warp_sum(sq) / r.head_dim + r.eps);
+}
+
+// The head x rotated by the angles cs, normalized first where norm_w is given (x / scale * norm_w, scale from
+// head_norm_scale): put(i, value) for each of its dims, by the block's threads.
 template <class Put>
-__device__ __forceinline__ void rope_head(const float* x, const float* norm_w, const RopeParams& r, const float2* cs, Put put) {
-    __shared__ float head_scale;
-    float scale = 1.0f;
-    if (norm_w) {
-        __syncthreads();  // head_scale may still be read by a previous call
-        if (threadIdx.x < WARP) {
-            float sq = 0.0f;
-            for (int i = threadIdx.x; i < r.head_dim; i += WARP) sq += x[i] * x[i];
-            sq = warp_sum(sq);
-            if (threadIdx.x == 0) head_scale = sqrtf(sq / r.head_dim + r.eps);
-        }
-        __syncthreads();
-        scale = head_scale;
-    }
+__device__ __forceinline__ void rope_rotate(const float* x, const float* norm_w, float scale, const RopeParams& r,
+                                            const float2* cs, Put put) {
     const auto in = [&](int i) { return norm_w ? __fmul_rn(__fdiv_rn(x[i], scale), norm_w[i]) : x[i]; };
     const int half = r.n_rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {

@@ -293,6 +293,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._weights = self._cache = self._scratch = self._small = self._large = None
         self._allocations: list[Region] = []  # reserve's device memory, in one allocation a region
         self._positions = None  # (sequence, device copy) of the last rope call: q and k share it
+        self._angles_of: tuple | None = None  # the positions and rope whose angles the table holds (CudaOps.ropes)
         self._pending: list[tuple[Copy, memoryview]] = []  # weight copies waiting for commit_weights
         self._upload: Upload | None = None  # the committed copies while any are in flight
         self._upload_ms: float | None = None
@@ -335,6 +336,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         chunk_bytes = aligned(chunk_scratch_bytes(r, MAX_BATCH)) if r else 0
         scratch = (sum(aligned(4 * n) for n in ints.values()) + aligned(8 * 2 * MAX_BATCH) + aligned(8 * TOP_K_MAX + 16)
                    + self._w16_bytes + xh_bytes + ATTENTION_PARTIALS_BYTES + aligned(4 * SPLIT_COUNTS) + chunk_bytes
+                   + aligned(8 * ROPE_MAX_DIMS // 2 * MAX_BATCH)
                    + self._gemm_partials_bytes())
         # a matvec pass's x as int16 blocks (2 bytes an element, then 8 bytes (d, d·Σq) a block of 32)
         self._x16_width = max([activation_width] + [shape[0] for _, shape in tensors if len(shape) == 2])
@@ -366,6 +368,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._xh_of: Tensor | None = None  # the tensor the f16 scratch holds
         self._partials = s.carve(ATTENTION_PARTIALS_BYTES)
         self._gemm_partials = s.carve(self._gemm_partials_bytes())
+        self._angles = s.carve(8 * ROPE_MAX_DIMS // 2 * MAX_BATCH)  # (cos, sin) of a pass's tokens' rotated pairs
         self._counts = s.carve(4 * SPLIT_COUNTS)  # 0, and set back to 0 by each launch that counts
         self.device.drv.cuMemsetD32Async(self._counts, 0, SPLIT_COUNTS, self.device.stream)
         self._chunk_scratch = s.carve(chunk_bytes) if chunk_bytes else 0
@@ -783,6 +786,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             raise ReflexError(f"RoPE of {rope.n_rot} dims a head: the CUDA kernels rotate at most {ROPE_MAX_DIMS}")
         if self._positions is None or self._positions[0] is not positions:
             self._positions = (positions, self._upload_ints("positions", positions))
+            self._angles_of = None
         block = min(256, 32 * -(-(rope.n_rot // 2) // 32))
         common = (self._positions[1], self._ready(freq_factors) if freq_factors else 0, head_dim, rope.n_rot,
                   rope.mode is RopeMode.NEOX, rope.base, rope.freq_scale)
@@ -801,8 +805,12 @@ class CudaOps(ExpertOps, DeltaNetOps):
         # (x, y, norm weight) of each tensor, an absent second one (0, 0, 0); one eps serves both
         parts = [(x.ptr, y.ptr, self._ready(n[0]) if n else 0) for x, y, n in zip(xs, outs, norms)] + [(0, 0, 0)]
         eps = next((n[1] for n in norms if n), 0.0)
+        # the pass's first rope works out its tokens' angles into the table (in double: pow and sincos), the
+        # rest of the pass reads them, which the stream's order makes safe: every later rope runs after it
+        angles_of = (common[0], common[1], rope.n_rot, rope.base, rope.freq_scale)
+        ready, self._angles_of = angles_of == self._angles_of, angles_of
         rope = HeldRope(tuple(xs), tuple(outs), (xs[0].rows, sum(x.cols for x in xs) // head_dim), block,
-                        (*parts[0], xs[0].cols // head_dim, *parts[1], *common, eps))
+                        (*parts[0], xs[0].cols // head_dim, *parts[1], *common, eps, self._angles, ready))
         # held back: the attention after q and k's rope writes k and v to its cache in this launch (attention)
         self._held_rope = rope
         self.device.hold(lambda: self._launch_rope(rope, NO_CACHE_WRITE))
@@ -861,11 +869,11 @@ class CudaOps(ExpertOps, DeltaNetOps):
                         n_heads: int, n_kv_heads: int, dv: int, scale: float) -> None:
         """One token's rope of q and k (held back, never launched) and its attention in one launch, which
         writes every output of the rope and the cache's new slot too (kernels/attention.cu attention_rope)."""
-        q, q_out, q_norm, _, k, k_out, k_norm, pos, factors, dk, n_rot, neox, base, freq_scale, eps = rope.args
+        q, q_out, q_norm, _, k, k_out, k_norm, pos, factors, dk, n_rot, neox, base, freq_scale, eps, angles, ready = rope.args
         splits = self._attention_splits(cache, batch, n_heads, dv)
         self.device.launch("attention_rope", (1, n_heads, splits), 128,
                            (q, k, v.ptr, q_out, k_out, q_norm, k_norm, pos, factors, n_rot, neox, base, freq_scale, eps,
-                            cache.k[layer], cache.v[layer], cache.segments, self._segments, out.ptr, self._start, n_heads,
+                            angles, ready, cache.k[layer], cache.v[layer], cache.segments, self._segments, out.ptr, self._start, n_heads,
                             n_kv_heads, dk, dv, scale, self._partials, self._counts, *self._x16_beside(out)))
 
     def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:

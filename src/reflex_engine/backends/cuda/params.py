@@ -25,7 +25,7 @@ KERNELS = {
     # attention.cu, attention_prefill.cu
     "kv_store": "PPPPPPPiii",
     "attention": "PPPPPPPiiiiifPPPP",
-    "attention_rope": "PPPPPPPPPiiddfPPPPPPiiiifPPPP",
+    "attention_rope": "PPPPPPPPPiiddfPiPPPPPPiiiifPPPP",
     "attention_prefill": "PPPPPPPiiiiif",
     # delta_net.cu
     "sigmoid_gate_f32": "PPPqii",
@@ -36,7 +36,7 @@ KERNELS = {
     "delta_rule_chunk_scan": "PPPPPPPPiiiiiifii",
     # elementwise.cu
     "norm_f32": "PPPifPP",
-    "rope_f32": "PPPiPPPPPiiiddfPPPiPPP",
+    "rope_f32": "PPPiPPPPPiiiddfPiPPPiPPP",
     "add_f32": "PPPq",
     "swiglu_f32": "PPPqPP",
     "take_rows_f32": "PPPi",
