@@ -171,8 +171,10 @@ __device__ __forceinline__ void attend(const float* q_head, const __half* k_new,
 
 // out for (query i, head h) from the n_splits partials the splits left: each split's sum and
 // weighted V rescaled to the largest max. Splits of weight 0 (past the query's slot, all hidden,
-// or negligible) are skipped, so their acc is never read. The partials were written by other
-// blocks of this launch: read past L1 (__ldcg). With xq, out's int16 blocks too (x16.cuh; dv a
+// or negligible) are skipped: their acc (stale, even NaN) is never used. The first COMBINE_STEP
+// splits' acc of a thread's first column are asked for with the pairs, the rest once the weights
+// are known (one trip to memory before the sums, not two, in a decode step). The partials were
+// written by other blocks of this launch: read past L1 (__ldcg). With xq, out's int16 blocks too (x16.cuh; dv a
 // multiple of 32). Every thread of the block (128) calls it.
 #define COMBINE_STEP 16  // splits whose acc loads a thread has in flight together
 __device__ __forceinline__ void combine_splits(const float* partials, float* out, int i, int h, int n_tok, int n_heads,
@@ -181,6 +183,10 @@ __device__ __forceinline__ void combine_splits(const float* partials, float* out
     __shared__ float wt[ATTN_MAX_SPLITS + COMBINE_STEP];  // 0 past n_splits
     const AttnPartials part(const_cast<float*>(partials), n_tok, n_heads, n_splits);
     const size_t row0 = ((size_t)i * n_heads + h) * n_splits;
+    float ahead[COMBINE_STEP];
+#pragma unroll
+    for (int u = 0; u < COMBINE_STEP; ++u)
+        ahead[u] = threadIdx.x < dv && u < n_splits ? __ldcg(part.acc + (row0 + u) * dv + threadIdx.x) : 0.0f;
     if (threadIdx.x < n_splits) pair[threadIdx.x] = __ldcg(part.pairs + row0 + threadIdx.x);
     __syncthreads();
     float m = -INFINITY;
@@ -198,7 +204,9 @@ __device__ __forceinline__ void combine_splits(const float* partials, float* out
             float a[COMBINE_STEP];
 #pragma unroll
             for (int u = 0; u < COMBINE_STEP; ++u)
-                a[u] = wt[s0 + u] != 0.0f ? __ldcg(part.acc + (row0 + s0 + u) * dv + c) : 0.0f;
+                a[u] = wt[s0 + u] == 0.0f                  ? 0.0f
+                       : s0 == 0 && c == (int)threadIdx.x ? ahead[u]
+                                                           : __ldcg(part.acc + (row0 + s0 + u) * dv + c);
 #pragma unroll
             for (int u = 0; u < COMBINE_STEP; ++u) o += wt[s0 + u] * a[u];
         }
