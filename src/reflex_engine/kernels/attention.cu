@@ -174,8 +174,8 @@ __device__ __forceinline__ void attend(const float* q_head, const __half* k_new,
 // or negligible) are skipped: their acc (stale, even NaN) is never used. The first COMBINE_STEP
 // splits' acc of a thread's first column are asked for with the pairs, the rest once the weights
 // are known (one trip to memory before the sums, not two, in a decode step). The partials were
-// written by other blocks of this launch: read past L1 (__ldcg). With xq, out's int16 blocks too (x16.cuh; dv a
-// multiple of 32). Every thread of the block (128) calls it.
+// written by other blocks of this launch: read past L1 (__ldcg). With xq, out's int16 blocks too
+// (x16.cuh; dv a multiple of 32). Every thread of the block (128) calls it.
 #define COMBINE_STEP 16  // splits whose acc loads a thread has in flight together
 __device__ __forceinline__ void combine_splits(const float* partials, float* out, int i, int h, int n_tok, int n_heads,
                                                int n_splits, int dv, uint8_t* xq, float2* xds) {

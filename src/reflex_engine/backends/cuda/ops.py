@@ -872,9 +872,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
         q, q_out, q_norm, _, k, k_out, k_norm, pos, factors, dk, n_rot, neox, base, freq_scale, eps, angles, ready = rope.args
         splits = self._attention_splits(cache, batch, n_heads, dv)
         self.device.launch("attention_rope", (1, n_heads, splits), 128,
-                           (q, k, v.ptr, q_out, k_out, q_norm, k_norm, pos, factors, n_rot, neox, base, freq_scale, eps,
-                            angles, ready, cache.k[layer], cache.v[layer], cache.segments, self._segments, out.ptr, self._start, n_heads,
-                            n_kv_heads, dk, dv, scale, self._partials, self._counts, *self._x16_beside(out)))
+                           (q, k, v.ptr, q_out, k_out, q_norm, k_norm, pos, factors, n_rot, neox, base, freq_scale, eps, angles,
+                            ready, cache.k[layer], cache.v[layer], cache.segments, self._segments, out.ptr, self._start,
+                            n_heads, n_kv_heads, dk, dv, scale, self._partials, self._counts, *self._x16_beside(out)))
 
     def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:
         if len(rows) == x.rows and all(r == i for i, r in enumerate(rows)):
