@@ -183,7 +183,7 @@ def rope_then(lib, then):
 
 
 def test_only_the_first_rope_of_a_passs_positions_works_out_their_angles(fake):  # noqa: F811
-    """kernels/rope.cuh: the pass's first rope writes the angles' table, the later ones of the same positions
+    """kernels/elementwise.cu rope_angles: the pass's first rope writes the angles' table, the later ones of the same positions
     and parameters read it (angles_ready); new positions (the next pass's upload) or another base, not."""
     lib = fake()
     ops = ops_module.CudaOps()
@@ -345,9 +345,7 @@ def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
     assert matmul_launches(names) == {"matvec_x16_1_q4_K": 2 * 4 + 1}
     # a decode step splits the whole cache (one grid for every position, as its graph replays it), and the
     # last split to finish merges them: no launch of its own
-    attention = "attention_rope" if ops_module.ATTENTION_ROPES else "attention"
-    assert names.count(attention) == 2 and "attention_combine" not in names
-    assert "kv_store" not in names  # the rope before it, or the attention itself, wrote k and v to the cache
+    assert names.count("attention") == 2 and "attention_combine" not in names
     assert "take_rows_f32" not in names  # its one row is the logits row: nothing to take
     # the norms after o and down (ffn, the next layer's attention, the output's) are theirs and the next
     # matvecs': only the first layer's, after the embedding, is a launch of its own

@@ -6,9 +6,8 @@ products of kernels/matvec_x16.cu), that kernel's warps a block (ops.X16_MMA_WAR
 form streaming the rows through shared memory (ops.X16_BULK_TYPES: 1 matvec_x16_bulk, 0 registers), the slots
 a split of the split attention aims for (ops.ATTENTION_SPLIT_TARGET; 32: 32 a split, the rule before run 16), and the
 short-prompt GEMM of the types with a fragment one (ops.GEMM_FRAG_TYPES: 1 kernels/gemm_frag.cu, 0 gemm.cu)
-with its warps a block (ops.GEMM_FRAG_WARPS, at most 8), whether a one-token pass's attention ropes q and k
-itself (2: ops.ATTENTION_ROPES), q and k's rope writes k and v to the cache for the attention after it (1)
-or kv_store does (0: the held rope released first), and a decode
+with its warps a block (ops.GEMM_FRAG_WARPS, at most 8), whether q and k's rope writes k and v to the
+cache for the attention after it (1) or kv_store does (0: the held rope released first), and a decode
 step's attention grid (ops.DECODE_MIN_SLOTS: its bucket of slots, at least that many; 0: the whole cache's,
 the model loaded with --n-ctx), and whether a one-token pass's norms are the matvecs' around them (ops.py
 _fuse_norm: 1) or launches of their own (0). Per variant:
@@ -16,7 +15,7 @@ decode tokens/s at each --contexts' context (128: the decode graph captured agai
 64-token prompts' passes.
 
     PYTHONPATH=src python3 tools/probe_launch_shapes.py MODEL [--fused 3,1] [--gemm-blocks 4,2,0] [--decode-mma 1,0] [--mma-warps 8,4] [--decode-bulk 1,0] [--split-slots 32,256]
-        [--fused-norms 1,0] [--gemm-frag 1,0] [--frag-warps 16,8] [--rope-store 2,1,0] [--decode-slots 256,0] [--n-ctx 512] [--contexts 128] [--runs 3]
+        [--fused-norms 1,0] [--gemm-frag 1,0] [--frag-warps 16,8] [--rope-store 1,0] [--decode-slots 256,0] [--n-ctx 512] [--contexts 128] [--runs 3]
 
 A throwaway measurement tool: it patches the module constants the launches read. The GEMM's
 scratch is sized at load for the module's own GEMM_BLOCKS_AN_SM, so a variant may only lower it.
@@ -46,7 +45,7 @@ def main() -> None:
     ap.add_argument("--fused-norms", default="1")
     ap.add_argument("--gemm-frag", default="1")
     ap.add_argument("--frag-warps", default=str(ops.GEMM_FRAG_WARPS))
-    ap.add_argument("--rope-store", default="2")
+    ap.add_argument("--rope-store", default="1")
     ap.add_argument("--decode-slots", default=str(ops.DECODE_MIN_SLOTS))
     ap.add_argument("--n-ctx", type=int, default=512)
     ap.add_argument("--contexts", default="128")
@@ -64,12 +63,12 @@ def main() -> None:
     if not all(1 <= f <= ops.FUSED_WEIGHTS for f in grid[0]) or not all(0 <= b <= ops.GEMM_BLOCKS_AN_SM for b in grid[1]) \
             or not all(m in (0, 1) for m in grid[2]) or not all(1 <= w <= ops.X16_MMA_WARPS for w in grid[3]) \
             or not all(f in (0, 1) for f in grid[4]) or not all(1 <= w <= ops.GEMM_FRAG_WARPS for w in grid[5]) \
-            or not all(r in (0, 1, 2) for r in grid[6]) or not all(s >= 0 for s in grid[7]) \
+            or not all(r in (0, 1) for r in grid[6]) or not all(s >= 0 for s in grid[7]) \
             or not all(b in (0, 1) for b in grid[8]) or not all(s >= ops.ATTENTION_SPLIT_SLOTS for s in grid[9]) \
             or not all(f in (0, 1) for f in grid[10]) or args.runs < 1 or args.n_ctx < 256:
         sys.exit(f"probe_launch_shapes: --fused takes 1 to {ops.FUSED_WEIGHTS}, --gemm-blocks 0 to {ops.GEMM_BLOCKS_AN_SM}, "
                  f"--decode-mma 0 or 1, --mma-warps 1 to {ops.X16_MMA_WARPS}, --gemm-frag 0 or 1, "
-                 f"--frag-warps 1 to {ops.GEMM_FRAG_WARPS}, --rope-store 0 to 2, --decode-slots 0 or more, "
+                 f"--frag-warps 1 to {ops.GEMM_FRAG_WARPS}, --rope-store 0 or 1, --decode-slots 0 or more, "
                  f"--decode-bulk 0 or 1, --split-slots {ops.ATTENTION_SPLIT_SLOTS} or more, --fused-norms 0 or 1, "
                  "--n-ctx 256 or more, --runs 1 or more")
     try:
@@ -93,7 +92,6 @@ def main() -> None:
           + "---|" * (len(contexts) + len(PROMPTS)))
     for fused, blocks, mma, warps, frag, frag_warps, rope_store, slots, bulk, split_slots, norms in itertools.product(*grid):
         ops.DECODE_MIN_SLOTS = slots or 1 << 30  # 0: past any cache's capacity
-        ops.ATTENTION_ROPES = rope_store == 2
         if rope_store:
             cuda_ops.__dict__.pop("attention", None)
         else:

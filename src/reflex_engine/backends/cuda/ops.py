@@ -83,9 +83,7 @@ ATTENTION_MAX_SPLITS, ATTENTION_SPLIT_SLOTS, ATTENTION_PARTIALS_BYTES = 64, 32, 
 ATTENTION_SPLIT_TARGET, ATTENTION_MIN_SPLITS = 128, 8
 # a one-token pass splits the slots up to a power of two past its own, at least this many (decode_slots)
 DECODE_MIN_SLOTS = 256
-# a one-token pass's attention ropes its q and k itself (attention_rope), so no rope_f32 launch runs before it
-ATTENTION_ROPES = False
-ROPE_MAX_DIMS = 256  # rotated dims a head, kernels/rope.cuh ROPE_MAX_PAIRS
+ROPE_MAX_DIMS = 256  # rotated dims a head, kernels/elementwise.cu ROPE_MAX_PAIRS
 # (query, head) pairs or GEMM tiles whose splits the last one merges (kernels/attention.cu, gemm.cu): more
 # (query, head) pairs take one split
 SPLIT_COUNTS = MAX_BATCH * 128
@@ -834,47 +832,29 @@ class CudaOps(ExpertOps, DeltaNetOps):
             self._segments = self._upload_ints("segments", batch.segments)
             self._start = self._upload_ints("start", [batch.start])
         dk, dv = k.cols // n_kv_heads, v.cols // n_kv_heads
-        out = self._new(t, n_heads * dv)
-        if rope is not None and t == 1 and ATTENTION_ROPES and dv % 32 == 0:
-            self._attention_rope(rope, v, out, cache, batch, layer, n_heads, n_kv_heads, dv, scale)
-            return out
         if rope is not None:
             self._launch_rope(rope, (cache.k[layer], cache.v[layer], v.ptr, v.cols, cache.segments, self._segments, self._start))
         else:
             dev.launch("kv_store", (t,), 256, (k.ptr, v.ptr, cache.k[layer], cache.v[layer], cache.segments, self._segments,
                                                self._start, t, k.cols, v.cols))
+        out = self._new(t, n_heads * dv)
         args = (q.ptr, cache.k[layer], cache.v[layer], cache.segments, self._segments,
                 out.ptr, self._start, t, n_heads, n_kv_heads, dk, dv, scale)
         if t >= PREFILL_ATTENTION_MIN_TOKENS and dk == dv and dk in (64, 128):
             dev.launch("attention_prefill", (-(-t // 64), n_heads), 128, args)
         else:  # decode and short batches: blocks per (query, head) split the slots
-            splits = self._attention_splits(cache, batch, n_heads, dv)
+            # a decode step's grid is its bucket's (decode_slots), so that one captured graph replays at every
+            # position of it and eager steps split alike; a short prompt splits the slots it reaches (16 tokens
+            # into an empty cache: one split, which writes out itself, and no merge)
+            slots = min(cache.shape.capacity, decode_slots(batch.start)) if t == 1 else batch.start + t
+            splits = max(-(-slots // ATTENTION_SPLIT_TARGET), min(ATTENTION_MIN_SPLITS, -(-slots // ATTENTION_SPLIT_SLOTS)))
+            splits = max(1, min(ATTENTION_MAX_SPLITS, splits, ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
+            if t * n_heads > SPLIT_COUNTS:
+                splits = 1
             # out's int16 blocks beside it, from the one split or the last of several to finish (their merge)
             beside = self._x16_beside(out) if dv % 32 == 0 else (0, 0)
             dev.launch("attention", (t, n_heads, splits), 128, args + (self._partials, self._counts, *beside))
         return out
-
-    def _attention_splits(self, cache: KVCache, batch: Batch, n_heads: int, dv: int) -> int:
-        """Blocks a (query, head) for kernels/attention.cu."""
-        t = len(batch.positions)
-        # a decode step's grid is its bucket's (decode_slots), so that one captured graph replays at every
-        # position of it and eager steps split alike; a short prompt splits the slots it reaches (16 tokens
-        # into an empty cache: one split, which writes out itself, and no merge)
-        slots = min(cache.shape.capacity, decode_slots(batch.start)) if t == 1 else batch.start + t
-        splits = max(-(-slots // ATTENTION_SPLIT_TARGET), min(ATTENTION_MIN_SPLITS, -(-slots // ATTENTION_SPLIT_SLOTS)))
-        splits = max(1, min(ATTENTION_MAX_SPLITS, splits, ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
-        return 1 if t * n_heads > SPLIT_COUNTS else splits
-
-    def _attention_rope(self, rope: HeldRope, v: Tensor, out: Tensor, cache: KVCache, batch: Batch, layer: int,
-                        n_heads: int, n_kv_heads: int, dv: int, scale: float) -> None:
-        """One token's rope of q and k (held back, never launched) and its attention in one launch, which
-        writes every output of the rope and the cache's new slot too (kernels/attention.cu attention_rope)."""
-        q, q_out, q_norm, _, k, k_out, k_norm, pos, factors, dk, n_rot, neox, base, freq_scale, eps, angles, ready = rope.args
-        splits = self._attention_splits(cache, batch, n_heads, dv)
-        self.device.launch("attention_rope", (1, n_heads, splits), 128,
-                           (q, k, v.ptr, q_out, k_out, q_norm, k_norm, pos, factors, n_rot, neox, base, freq_scale, eps, angles,
-                            ready, cache.k[layer], cache.v[layer], cache.segments, self._segments, out.ptr, self._start,
-                            n_heads, n_kv_heads, dk, dv, scale, self._partials, self._counts, *self._x16_beside(out)))
 
     def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:
         if len(rows) == x.rows and all(r == i for i, r in enumerate(rows)):

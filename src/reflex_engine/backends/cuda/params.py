@@ -25,7 +25,6 @@ KERNELS = {
     # attention.cu, attention_prefill.cu
     "kv_store": "PPPPPPPiii",
     "attention": "PPPPPPPiiiiifPPPP",
-    "attention_rope": "PPPPPPPPPiiddfPiPPPPPPiiiifPPPP",
     "attention_prefill": "PPPPPPPiiiiif",
     # delta_net.cu
     "sigmoid_gate_f32": "PPPqii",
