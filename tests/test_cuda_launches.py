@@ -183,8 +183,9 @@ def rope_then(lib, then):
 
 
 def test_only_the_first_rope_of_a_passs_positions_works_out_their_angles(fake):  # noqa: F811
-    """kernels/elementwise.cu rope_angles: the pass's first rope writes the angles' table, the later ones of the same positions
-    and parameters read it (angles_ready); new positions (the next pass's upload) or another base, not."""
+    """kernels/elementwise.cu rope_angles: the pass's first rope writes the angles' table, the later ones of the
+    same positions and parameters read it (angles_ready); new positions (the next pass's upload) or another base,
+    not."""
     lib = fake()
     ops = ops_module.CudaOps()
     ops.reserve([(GGMLType.F32, (64,))], CacheShape(1, 16, 128, 128), activation_width=2048)
@@ -197,7 +198,8 @@ def test_only_the_first_rope_of_a_passs_positions_works_out_their_angles(fake): 
     for rope, positions in ((a, first), (a, first), (b, first), (b, first), (b, second), (b, second)):
         ops.rope(x, positions, 64, rope)
         ops.device.release()
-    assert [int.from_bytes(args[ready_arg], "little") for name, *_, args in lib.launches if name == "rope_f32"] == [0, 1, 0, 1, 0, 1]
+    ready = [int.from_bytes(args[ready_arg], "little") for name, *_, args in lib.launches if name == "rope_f32"]
+    assert ready == [0, 1, 0, 1, 0, 1]
 
 
 def attend(ops, q, k, v, cache):

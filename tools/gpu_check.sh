@@ -30,8 +30,9 @@
 #               GEMM), probe_prompt_graphs, probe_decode_ahead (GRAPH_NODES=1 and CROSSOVER=1 before run 12)
 #   VARIANTS=1  tools/probe_launch_shapes.py (the image's probe_args file, else VARIANT_ARGS) on each MAIN_SHAPES Q4_K_M
 #               file with each kernel image in .variants/ (sm_90 images built here: tools/build_variant.sh) in place of the carried one,
-#               or with a variant's own package (build_variant.sh --python); VARIANT_ROUNDS=N: N rounds, each the carried
-#               tree's probe first (with VARIANT_ARGS), then every variant's (a-b-a-b: cross-process spread is ~1%)
+#               or with a variant's own package (build_variant.sh --python); VARIANT_ROUNDS=N (N > 1): N rounds, each the
+#               carried tree's probe first (with VARIANT_ARGS), then every variant's (a-b-a-b: cross-process spread is ~1%);
+#               one round (the default) runs the variants alone
 #   PROBE=1     tools/probe_overlap.py on PROBE_SHAPES' files (the first MAIN_SHAPES; 16-token prompt, n=PROBE_N, 10, PROBE_VARIANTS, PROBE_ARGS):
 #               fresh processes beside the Python floor: the upload's overlap, the driver's queues, the way out
 #   SIDECAR=1   with COLD: the sidecar's cold start (sidecar/tools/cold_start.py, its wheels in .whl/)

@@ -60,9 +60,9 @@ __device__ __forceinline__ void rope_angles(const RopeParams& r, int pos, float2
     }
 }
 
-// The RMSNorm divisor of head x (head_dim floats): sqrt(mean of squares + eps), by one warp, whose lanes
-// sum dims lane, lane + 32, ... in turn and then across the warp: an order no block's size changes. Every
-// lane gets it.
+// The RMSNorm divisor of head x (head_dim floats): sqrt(mean of squares + eps), by one warp (lanes sum dims
+// lane, lane + 32, ... in turn, then across the warp), so that rope_f32's one barrier after the angles serves
+// it too. Every lane gets it.
 __device__ __forceinline__ float head_norm_scale(const float* x, const RopeParams& r) {
     float sq = 0.0f;
     for (int i = threadIdx.x % WARP; i < r.head_dim; i += WARP) sq += x[i] * x[i];
