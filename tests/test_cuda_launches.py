@@ -316,7 +316,8 @@ def test_a_norm_whose_output_something_else_reads_first_runs_as_it_is(fake):  # 
 def test_a_decode_steps_attention_splits_its_bucket_of_slots_not_the_whole_cache(fake):  # noqa: F811
     """One token's attention grid covers the slots up to a power of two past its own (256 at least,
     the cache's capacity at most), 128 a split but 8 splits at least (of 32 slots at least), 64 at most; so
-    does its graph's shape, which a step replays until the next bucket's. Prompts split the slots they reach."""
+    does its graph's shape, which a step replays until the next bucket's. Prompts split the slots they reach.
+    On sm_90 (the fake's), up to 8 splits are one cluster's blocks (attention_cluster), more merge through memory."""
     from reflex_engine.backends.cuda.graph import pass_shape
 
     lib = fake()
@@ -329,8 +330,10 @@ def test_a_decode_steps_attention_splits_its_bucket_of_slots_not_the_whole_cache
     for start in (0, 100, 255, 256, 1000, 3000, 4351):
         lib.launches = []
         ops.attention(q, kv, kv, cache=cache, layer=0, batch=Batch.causal([0], start), n_heads=4, n_kv_heads=1, scale=0.1)
-        splits[start] = next(grid for name, grid, *_ in lib.launches if name == "attention")[2]
-    assert splits == {0: 8, 100: 8, 255: 8, 256: 8, 1000: 8, 3000: 32, 4351: 34}
+        splits[start] = next((name, grid[2]) for name, grid, *_ in lib.launches if name.startswith("attention"))
+    cluster = ("attention_cluster", 8)
+    assert splits == {0: cluster, 100: cluster, 255: cluster, 256: cluster, 1000: cluster, 3000: ("attention", 32),
+                      4351: ("attention", 34)}
     one = [pass_shape(Batch.causal([0], start), [0]) for start in (1, 100, 255, 256, 511, 512)]
     assert one[0] == one[1] == one[2] != one[3] == one[4] != one[5]
     assert pass_shape(Batch.causal([0], 0), [0]) != one[0]  # a fresh recurrent state
@@ -345,9 +348,9 @@ def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
     next(steps)  # one decode step (the last: none is queued after it)
     # one token: q + k + v, o, gate + up, down a layer, then the head
     assert matmul_launches(names) == {"matvec_x16_1_q4_K": 2 * 4 + 1}
-    # a decode step splits the whole cache (one grid for every position, as its graph replays it), and the
-    # last split to finish merges them: no launch of its own
-    assert names.count("attention") == 2 and "attention_combine" not in names
+    # a decode step splits its bucket of slots (one grid for every position of it, as its graph replays it), and
+    # the cluster of its splits merges them: no launch of its own
+    assert names.count("attention_cluster") == 2 and "attention" not in names and "attention_combine" not in names
     assert "take_rows_f32" not in names  # its one row is the logits row: nothing to take
     # the norms after o and down (ffn, the next layer's attention, the output's) are theirs and the next
     # matvecs': only the first layer's, after the embedding, is a launch of its own

@@ -298,7 +298,7 @@ def test_bulk_matvec_is_the_register_matvec_to_the_bit(monkeypatch, rows, n_cols
     from reflex_engine.backends.cuda import CudaOps
 
     gpu = CudaOps()  # its own weights region: these are large
-    if not gpu._bulk_copies:
+    if not gpu._sm90:
         pytest.skip("bulk copies need sm_90 or later")
     gpu.reserve([(GGMLType.Q4_K, (n_cols, n)) for n in rows], CacheShape(1, 16, 64, 64), activation_width=2 * max(rows + [n_cols]))
     weights = [both(gpu, "Q4_K", n, n_cols) for n in rows]
@@ -315,7 +315,7 @@ def test_bulk_matvec_is_the_register_matvec_to_the_bit(monkeypatch, rows, n_cols
 
     bulk, bulk_added = products()
     assert "matvec_x16_bulk_q4_K" in launched and "matvec_x16_mma_q4_K" not in launched
-    gpu._bulk_copies = False
+    gpu._sm90 = False
     gpu._plans.clear()
     launched.clear()
     register, register_added = products()
@@ -463,21 +463,27 @@ def attention_tolerance(n_tok, d):
     return dict(rtol=1e-4, atol=2e-5)
 
 
-def attention_matches_the_cpus(gpu, n_heads, n_kv, d, capacity, steps):
-    """Each (a, b, batch) of steps, in order into one cache of each backend: random q, k and v rows a..b-1
-    (k and v f16-exact), GPU attention against the CPU's."""
+def random_qkv(n, n_heads, n_kv, d):
+    """n tokens' q, k and v rows (k and v f16-exact, as the CUDA cache holds them)."""
+    q, k, v = (rng.standard_normal((n, w)).astype(np.float32) for w in (n_heads * d, n_kv * d, n_kv * d))
+    return q, f16_rounded(k), f16_rounded(v)
+
+
+def attention_matches_the_cpus(gpu, n_heads, n_kv, d, capacity, steps, qkv=None):
+    """Each (a, b, batch) of steps, in order into one cache of each backend: q, k and v rows a..b-1 (qkv,
+    else random_qkv's), GPU attention against the CPU's. The GPU's outputs, in order."""
     shape = CacheShape(1, capacity, n_kv * d, n_kv * d)
     c_cpu, c_gpu = cpu.new_kv_cache(shape), gpu.new_kv_cache(shape)
-    n = steps[-1][1]
-    q, k, v = (rng.standard_normal((n, w)).astype(np.float32) for w in (n_heads * d, n_kv * d, n_kv * d))
-    k, v = f16_rounded(k), f16_rounded(v)
+    q, k, v = qkv or random_qkv(steps[-1][1], n_heads, n_kv, d)
     kw = dict(layer=0, n_heads=n_heads, n_kv_heads=n_kv, scale=d**-0.5)
+    outs = []
     for a, b, batch in steps:
         ref = cpu.attention(q[a:b], k[a:b], v[a:b], cache=c_cpu, batch=batch, **kw)
         gpu.poison()
         dq, dk, dv = (gpu.from_host(np.ascontiguousarray(m[a:b])) for m in (q, k, v))
-        got = gpu.to_host(gpu.attention(dq, dk, dv, cache=c_gpu, batch=batch, **kw))
-        np.testing.assert_allclose(got, ref, **attention_tolerance(b - a, d), err_msg=f"slots {a}..{b - 1}")
+        outs.append(gpu.to_host(gpu.attention(dq, dk, dv, cache=c_gpu, batch=batch, **kw)))
+        np.testing.assert_allclose(outs[-1], ref, **attention_tolerance(b - a, d), err_msg=f"slots {a}..{b - 1}")
+    return outs
 
 
 @pytest.mark.parametrize("n_heads,n_kv,d", [(4, 2, 64), (2, 1, 128), (16, 8, 128), (9, 3, 64), (4, 4, 96)])
@@ -516,6 +522,32 @@ def test_decode_attention_at_the_first_slots_of_a_large_cache(gpu):
     and their merge skips them, until a second split of 32 slots fills."""
     steps = [(0, 20, Batch.causal(range(20), 0))] + [(s, s + 1, Batch.causal([0], s)) for s in range(20, 40)]
     attention_matches_the_cpus(gpu, 8, 2, 128, 4096, steps)
+
+
+@pytest.mark.parametrize("n_heads,n_kv,d", [(16, 8, 128), (4, 2, 64), (2, 1, 96)])
+def test_splits_merged_in_a_cluster_give_the_bits_of_the_merge_through_memory(gpu, monkeypatch, n_heads, n_kv, d):
+    """On sm_90, up to 8 splits of a (query, head) run as one cluster (kernels/attention.cu attention_cluster)
+    whose first block merges the partials gathered in its shared memory, in the splits' order, as the last
+    split of `attention` does from global memory: the same bits. Decode steps past a short prompt (splits past
+    the query's slot empty), a short batch in two segments, and decode steps of 512- and 1,024-slot buckets
+    (the long batches between them split too where the prefill kernel does not take their width)."""
+    if not gpu._sm90:
+        pytest.skip("clusters need sm_90 or later")
+    steps = [(0, 20, Batch.causal(range(20), 0))] + [(s, s + 1, Batch.causal([0], s)) for s in range(20, 23)]
+    steps += [(23, 40, Batch(range(17), range(23, 40), [0] * 9 + [1] * 8, 23)), (40, 300, Batch.causal(range(260), 40))]
+    steps += [(300, 301, Batch.causal([0], 300)), (301, 600, Batch.causal(range(299), 301)), (600, 601, Batch.causal([0], 600))]
+    qkv = random_qkv(601, n_heads, n_kv, d)
+    launched = []
+    launch = gpu.device.launch
+    monkeypatch.setattr(gpu.device, "launch", lambda name, *a: (launched.append(name), launch(name, *a)))
+    in_clusters = attention_matches_the_cpus(gpu, n_heads, n_kv, d, 1024, steps, qkv)
+    assert launched.count("attention_cluster") == (6 if d in (64, 128) else 8)
+    monkeypatch.setattr("reflex_engine.backends.cuda.ops.ATTENTION_CLUSTER_SPLITS", 1)
+    launched.clear()
+    through_memory = attention_matches_the_cpus(gpu, n_heads, n_kv, d, 1024, steps, qkv)
+    assert "attention_cluster" not in launched
+    for a, b in zip(in_clusters, through_memory):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("vocab", [1000, 151936])

@@ -95,7 +95,7 @@ def test_the_installed_image_matches_its_manifest():
 
 def kernel_bodies(source: str):
     """(name, body) of every __global__ function in a kernel file, macro-made ones included."""
-    for m in re.finditer(r"__global__[\s\\]+void[\s\\]+(?:__launch_bounds__\([^)]*\)[\s\\]*)?(\w+(?:##\w+)*)\s*\([^{;]*\)\s*\{", source):
+    for m in re.finditer(r"__global__[\s\\]+void[\s\\]+(?:[A-Z][A-Z0-9_]*[\s\\]+)?(?:__launch_bounds__\([^)]*\)[\s\\]*)?(\w+(?:##\w+)*)\s*\([^{;]*\)\s*\{", source):
         depth, i = 1, m.end()
         while depth:
             depth += {"{": 1, "}": -1}.get(source[i], 0)

@@ -26,7 +26,9 @@ _SCALARS = {"int": "i", "int32_t": "i", "unsigned": "I", "unsigned int": "I", "u
             "long long": "q", "uint64_t": "Q", "size_t": "Q", "float": "f", "double": "d"}
 SIZES = {"P": 8, "i": 4, "I": 4, "q": 8, "Q": 8, "f": 4, "d": 8}
 _DEFINE = re.compile(r"\s*#\s*define\s+(\w+)\(([^)]*)\)(.*)")
-_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s*)?'
+# an attribute macro (attention.cu's ATTN_CLUSTER_DIMS: a cluster's shape where the architecture has them) may
+# come before the launch bounds
+_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:[A-Z][A-Z0-9_]*\s+)?(?:__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s*)?'
                      r"(\w+)\s*\(([^)]*)\)")
 
 

@@ -37,23 +37,31 @@ struct AttnMerge {
     float acc[ATTN_WARPS][ATTN_MAX_PER_LANE * WARP];
 };
 
-// Where split s of (query i, head h) leaves its partial softmax for combine_splits: its
-// (max, sum) pair at pairs[row], its unnormalized weighted V at acc[row * dv], row = (i * n_heads
-// + h) * n_splits + s. acc follows all the pairs.
+// Where one split of several leaves its partial softmax for combine_splits: its (max, sum) pair and its
+// unnormalized weighted V (dv floats).
+struct SplitPartial {
+    float2* pair;
+    float* acc;
+};
+
+// Where `attention`'s split s of (query i, head h) leaves its partial in global memory: its pair at
+// pairs[row], its weighted V at acc[row * dv], row = (i * n_heads + h) * n_splits + s. acc follows all
+// the pairs.
 struct AttnPartials {
     float2* pairs;
     float* acc;
     __device__ AttnPartials(float* base, int n_tok, int n_heads, int n_splits)
         : pairs(reinterpret_cast<float2*>(base)), acc(base + 2 * (size_t)n_tok * n_heads * n_splits) {}
+    __device__ SplitPartial at(size_t row, int dv) const { return {pairs + row, acc + row * dv}; }
 };
 
 // One (query token, query head, split) for a block: see `attention`. nk, nv (head widths / 32)
 // are literals at the common call sites, so the per-lane loops below shrink to them there. STEP
 // slots at a time, so that their loads are in flight together.
-template <int STEP>
+template <int STEP, class Where>
 __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
                                        const __half* v_cache, const int* slot_seg, const int* seg,
-                                       float* out, float* partials, int start, int n_tok, int n_heads,
+                                       float* out, Where partial_at, int start, int n_tok, int n_heads,
                                        int n_kv_heads, int nk, int nv, float scale, AttnMerge& merge,
                                        uint8_t* xq, float2* xds) {
     const int i = blockIdx.x, h = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
@@ -61,10 +69,8 @@ __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
     // the splits cut the slots of the batch's last query evenly, ATTN_SPLIT_MIN_SLOTS at least
     const int split_len = max(ATTN_SPLIT_MIN_SLOTS, (start + n_tok + n_splits - 1) / n_splits);
     const int last = start + i, first = split * split_len, end = min(first + split_len - 1, last);
-    const size_t row = ((size_t)i * n_heads + h) * n_splits + split;
-    const AttnPartials part(partials, n_tok, n_heads, n_splits);
     if (first > end) {  // a split past the query's slot: weight 0 in the combine, which skips its acc
-        if (threadIdx.x == 0) part.pairs[row] = make_float2(-INFINITY, 0.0f);
+        if (threadIdx.x == 0) *partial_at().pair = make_float2(-INFINITY, 0.0f);
         return;
     }
     const int dk = nk * WARP, dv = nv * WARP, kv_head = h / (n_heads / n_kv_heads);
@@ -144,7 +150,7 @@ __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
         total += wt[w] * merge.sum[w];
     }
     const float norm = n_splits == 1 ? 1.0f / total : 1.0f;
-    float* out_row = n_splits == 1 ? out + ((size_t)i * n_heads + h) * dv : part.acc + row * dv;
+    float* out_row = n_splits == 1 ? out + ((size_t)i * n_heads + h) * dv : partial_at().acc;
     for (int c = threadIdx.x; c < dv; c += blockDim.x) {
         float o = 0.0f;
 #pragma unroll
@@ -152,22 +158,52 @@ __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
         out_row[c] = o *= norm;
         if (n_splits == 1 && xq) store_x16<1>({o}, true, (int)(((size_t)i * n_heads + h) * dv + c), xq, xds);  // a warp: 32 consecutive c
     }
-    if (n_splits > 1 && threadIdx.x == 0) part.pairs[row] = make_float2(m, total);
+    if (n_splits > 1 && threadIdx.x == 0) *partial_at().pair = make_float2(m, total);
 }
 
-// out for (query i, head h) from the n_splits partials the splits left: each split's sum and
-// weighted V rescaled to the largest max. Splits of weight 0 (past the query's slot, all hidden,
-// or negligible) are skipped, so their acc is never read. The partials were written by other
-// blocks of this launch: read past L1 (__ldcg). With xq, out's int16 blocks too (x16.cuh; dv a
-// multiple of 32). Every thread of the block (128) calls it.
+// attend at the head widths' literals: see it. partial_at() gives where a split of several leaves its
+// partial: worked out there, at the end, since a pointer held through attend's loop spills.
+template <class Where>
+__device__ __forceinline__ void attend_any(const float* q, const __half* k_cache, const __half* v_cache,
+                                           const int* slot_seg, const int* seg, float* out, Where partial_at,
+                                           int start, int n_tok, int n_heads, int n_kv_heads, int dk, int dv,
+                                           float scale, AttnMerge& merge, uint8_t* xq, float2* xds) {
+    // The other widths keep all ATTN_MAX_PER_LANE dims a lane, so a shorter step keeps their
+    // registers (which size the whole kernel's) in check.
+    if (dk == 64 && dv == 64)
+        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, partial_at, start, n_tok, n_heads, n_kv_heads,
+                  2, 2, scale, merge, xq, xds);
+    else if (dk == 128 && dv == 128)
+        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, partial_at, start, n_tok, n_heads, n_kv_heads,
+                  4, 4, scale, merge, xq, xds);
+    else
+        attend<2>(q, k_cache, v_cache, slot_seg, seg, out, partial_at, start, n_tok, n_heads, n_kv_heads,
+                  dk / WARP, dv / WARP, scale, merge, xq, xds);
+}
+
+// The partials `attention`'s splits of one (query, head) left in global memory (AttnPartials, from row0):
+// other blocks of the launch wrote them, so read past L1.
+struct PartialsInMemory {
+    const float2* pairs;
+    const float* acc;
+    int dv;
+    __device__ float2 pair(int s) const { return __ldcg(pairs + s); }
+    __device__ float value(int s, int c) const { return __ldcg(acc + (size_t)s * dv + c); }
+};
+
+
+
+// out for (query i, head h) from the n_splits partials the splits left (`from`: PartialsInMemory or
+// PartialsInShared): each split's sum and weighted V rescaled to the largest max. Splits of weight 0
+// (past the query's slot, all hidden, or negligible) are skipped, so their acc is never read. With xq,
+// out's int16 blocks too (x16.cuh; dv a multiple of 32). Every thread of the block (128) calls it.
 #define COMBINE_STEP 16  // splits whose acc loads a thread has in flight together
-__device__ __forceinline__ void combine_splits(const float* partials, float* out, int i, int h, int n_tok, int n_heads,
+template <class Partials>
+__device__ __forceinline__ void combine_splits(Partials from, float* out, int i, int h, int n_heads,
                                                int n_splits, int dv, uint8_t* xq, float2* xds) {
     __shared__ float2 pair[ATTN_MAX_SPLITS];
     __shared__ float wt[ATTN_MAX_SPLITS + COMBINE_STEP];  // 0 past n_splits
-    const AttnPartials part(const_cast<float*>(partials), n_tok, n_heads, n_splits);
-    const size_t row0 = ((size_t)i * n_heads + h) * n_splits;
-    if (threadIdx.x < n_splits) pair[threadIdx.x] = __ldcg(part.pairs + row0 + threadIdx.x);
+    if (threadIdx.x < n_splits) pair[threadIdx.x] = from.pair(threadIdx.x);
     __syncthreads();
     float m = -INFINITY;
     for (int s = 0; s < n_splits; ++s) m = fmaxf(m, pair[s].x);
@@ -183,8 +219,7 @@ __device__ __forceinline__ void combine_splits(const float* partials, float* out
         for (int s0 = 0; s0 < n_splits; s0 += COMBINE_STEP) {
             float a[COMBINE_STEP];
 #pragma unroll
-            for (int u = 0; u < COMBINE_STEP; ++u)
-                a[u] = wt[s0 + u] != 0.0f ? __ldcg(part.acc + (row0 + s0 + u) * dv + c) : 0.0f;
+            for (int u = 0; u < COMBINE_STEP; ++u) a[u] = wt[s0 + u] != 0.0f ? from.value(s0 + u, c) : 0.0f;
 #pragma unroll
             for (int u = 0; u < COMBINE_STEP; ++u) o += wt[s0 + u] * a[u];
         }
@@ -215,18 +250,12 @@ attention(const float* q, const __half* k_cache, const __half* v_cache, const in
     follow_previous_kernel();
     __shared__ AttnMerge merge;
     __shared__ bool last;
-    const int start = *start_at;
-    // The other widths keep all ATTN_MAX_PER_LANE dims a lane, so a shorter step keeps their
-    // registers (which size the whole kernel's) in check.
-    if (dk == 64 && dv == 64)
-        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, partials, start, n_tok, n_heads, n_kv_heads,
-                  2, 2, scale, merge, xq, xds);
-    else if (dk == 128 && dv == 128)
-        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, partials, start, n_tok, n_heads, n_kv_heads,
-                  4, 4, scale, merge, xq, xds);
-    else
-        attend<2>(q, k_cache, v_cache, slot_seg, seg, out, partials, start, n_tok, n_heads, n_kv_heads,
-                  dk / WARP, dv / WARP, scale, merge, xq, xds);
+    const auto partial_at = [=] {
+        const size_t row = ((size_t)blockIdx.x * n_heads + blockIdx.y) * gridDim.z + blockIdx.z;
+        return AttnPartials(partials, n_tok, n_heads, gridDim.z).at(row, dv);
+    };
+    attend_any(q, k_cache, v_cache, slot_seg, seg, out, partial_at, *start_at, n_tok, n_heads, n_kv_heads, dk, dv,
+               scale, merge, xq, xds);
     if (gridDim.z == 1) return;
     __threadfence();  // this split's partials, visible to every block before it is counted
     __syncthreads();
@@ -238,6 +267,92 @@ attention(const float* q, const __half* k_cache, const __half* v_cache, const in
     __syncthreads();
     if (last) {
         __threadfence();
-        combine_splits(partials, out, blockIdx.x, blockIdx.y, n_tok, n_heads, gridDim.z, dv, xq, xds);
+        const size_t row0 = ((size_t)blockIdx.x * n_heads + blockIdx.y) * gridDim.z;
+        const AttnPartials part(partials, n_tok, n_heads, gridDim.z);
+        combine_splits(PartialsInMemory{part.pairs + row0, part.acc + row0 * dv, dv}, out, blockIdx.x, blockIdx.y,
+                       n_heads, gridDim.z, dv, xq, xds);
     }
+}
+
+// The cluster barrier's halves: every thread of the cluster arrives, then waits until all have (or exited).
+// Arrived with release, waited with acquire: shared memory writes before the arrival, the cluster's own
+// included, are visible after the wait.
+__device__ __forceinline__ void cluster_arrive(bool release) {
+#if __CUDA_ARCH__ >= 900
+    if (release)
+        asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    else
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// p, a shared address of this block, as the same address in the shared memory of the cluster's block of rank
+// `rank`: a generic address that plain loads and stores reach.
+template <class T>
+__device__ __forceinline__ T* in_block_of_rank(T* p, int rank) {
+#if __CUDA_ARCH__ >= 900
+    uint64_t at;
+    asm("mapa.u64 %0, %1, %2;" : "=l"(at) : "l"(p), "r"(rank));
+    return reinterpret_cast<T*>(at);
+#else
+    return p;
+#endif
+}
+
+#define ATTN_CLUSTER 8  // ops.py's ATTENTION_CLUSTER_SPLITS
+#if __CUDA_ARCH__ >= 900
+#define ATTN_CLUSTER_DIMS __cluster_dims__(1, 1, ATTN_CLUSTER)
+#else
+#define ATTN_CLUSTER_DIMS
+#endif
+
+// The partials of a cluster's splits, gathered in its first block's shared memory.
+struct ClusterPartials {
+    float2 pair[ATTN_CLUSTER];
+    float acc[ATTN_CLUSTER][ATTN_MAX_PER_LANE * WARP];
+};
+struct PartialsInShared {
+    const ClusterPartials& at;
+    __device__ float2 pair(int s) const { return at.pair[s]; }
+    __device__ float value(int s, int c) const { return at.acc[s][c]; }
+};
+
+// `attention` in ATTN_CLUSTER splits (sm_90+) whose blocks are one cluster: each split writes its partial into
+// the first block's shared memory (distributed shared memory) and leaves; the first merges them there in
+// the splits' order, as `attention`'s last split does from global memory: the same arithmetic, so the same
+// bits, without the fence, the count and two trips to memory on a decode step's path.
+// LAUNCH: grid (n_tok, n_heads, ATTN_CLUSTER), block ATTN_WARPS * 32 (128); `attention`'s parameters
+// (partials and counts unused), so that a call site passes one list to either.
+extern "C" __global__ void ATTN_CLUSTER_DIMS __launch_bounds__(ATTN_WARPS * WARP, 5)
+attention_cluster(const float* q, const __half* k_cache, const __half* v_cache, const int* slot_seg,
+                  const int* seg, float* out, const int* start_at, int n_tok, int n_heads, int n_kv_heads, int dk,
+                  int dv, float scale, float* partials, int* counts, uint8_t* xq, float2* xds) {
+    follow_previous_kernel();
+    cluster_arrive(false);  // this block has started: its shared memory may be written once every block has
+    __shared__ AttnMerge merge;
+    __shared__ float2 own_pair;
+    __shared__ float own_acc[ATTN_MAX_PER_LANE * WARP];
+    __shared__ ClusterPartials gathered;
+    attend_any(q, k_cache, v_cache, slot_seg, seg, out, [&] { return SplitPartial{&own_pair, own_acc}; }, *start_at,
+               n_tok, n_heads, n_kv_heads, dk, dv, scale, merge, xq, xds);
+    __syncthreads();
+    cluster_wait();
+    const int split = blockIdx.z;
+    const float2 pair = own_pair;
+    if (threadIdx.x == 0) *in_block_of_rank(&gathered.pair[split], 0) = pair;
+    if (pair.x != -INFINITY) {  // else the merge gives it weight 0 and never reads its acc
+        float* acc = in_block_of_rank(gathered.acc[split], 0);
+        for (int c = threadIdx.x; c < dv; c += blockDim.x) acc[c] = own_acc[c];
+    }
+    cluster_arrive(true);
+    if (split != 0) return;
+    cluster_wait();
+    combine_splits(PartialsInShared{gathered}, out, blockIdx.x, blockIdx.y, n_heads, ATTN_CLUSTER, dv, xq, xds);
 }

@@ -81,6 +81,9 @@ ATTENTION_MAX_SPLITS, ATTENTION_SPLIT_SLOTS, ATTENTION_PARTIALS_BYTES = 64, 32, 
 # Q4_K_M, decode tok/s at a 128-token context (256 slots) 1,243 / 388 with 8 splits, 1,088 / 367 with 1; at 4,096
 # (4,352 slots) 829 / 291 with 64, 890 / 309 with 34 (docs/perf-notes.md run 16)
 ATTENTION_SPLIT_TARGET, ATTENTION_MIN_SPLITS = 128, 8
+# on sm_90+, up to this many splits run as one cluster of as many blocks (kernels/attention.cu attention_cluster),
+# merged through distributed shared memory instead of by the last split to finish through global memory
+ATTENTION_CLUSTER_SPLITS = 8
 # a one-token pass splits the slots up to a power of two past its own, at least this many (decode_slots)
 DECODE_MIN_SLOTS = 256
 ROPE_MAX_DIMS = 256  # rotated dims a head, kernels/elementwise.cu ROPE_MAX_PAIRS
@@ -304,7 +307,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         # a one-token pass's norms taken over by the matvecs around them (_fuse_norm)
         self.fuse_norms = True
         self.graphs = os.environ.get("REFLEX_CUDA_GRAPHS") != "0"  # replay repeated passes as CUDA graphs
-        self._bulk_copies = self.device.info.compute_capability >= (9, 0)  # cp.async.bulk: the bulk matvec
+        # sm_90+: cp.async.bulk (the bulk matvec) and clusters of blocks (the attention's splits)
+        self._sm90 = self.device.info.compute_capability >= (9, 0)
 
     @property
     def description(self) -> str:
@@ -645,7 +649,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             kernel, per, threads = f"gemm_frag_{suffix}", GEMM_FRAG_ROWS, 32 * min(GEMM_FRAG_WARPS, n_cols // 256)
         elif n_tok == 1 and group[0].ggml_type in X16_MMA_TYPES and n_cols >= MMA_MIN_COLS:
             kernel, per, threads = f"matvec_x16_mma_{suffix}", X16_MMA_ROWS, 32 * min(X16_MMA_WARPS, n_cols // 256)
-            if self._bulk_copies and group[0].ggml_type in X16_BULK_TYPES and n_cols % X16_BULK_STAGE_COLS == 0 \
+            if self._sm90 and group[0].ggml_type in X16_BULK_TYPES and n_cols % X16_BULK_STAGE_COLS == 0 \
                     and all(w % 16 == 0 for w in weights[:len(group)]):
                 kernel, threads, shared = f"matvec_x16_bulk_{suffix}", 32 * X16_MMA_WARPS, X16_BULK_SHARED
                 most = X16_BULK_BLOCKS_AN_SM * self.device.info.multiprocessors
@@ -848,12 +852,18 @@ class CudaOps(ExpertOps, DeltaNetOps):
             # into an empty cache: one split, which writes out itself, and no merge)
             slots = min(cache.shape.capacity, decode_slots(batch.start)) if t == 1 else batch.start + t
             splits = max(-(-slots // ATTENTION_SPLIT_TARGET), min(ATTENTION_MIN_SPLITS, -(-slots // ATTENTION_SPLIT_SLOTS)))
-            splits = max(1, min(ATTENTION_MAX_SPLITS, splits, ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
-            if t * n_heads > SPLIT_COUNTS:
-                splits = 1
-            # out's int16 blocks beside it, from the one split or the last of several to finish (their merge)
+            if self._sm90 and 1 < splits <= ATTENTION_CLUSTER_SPLITS:
+                # the same cut of the slots (fewer splits are of ATTN_SPLIT_MIN_SLOTS: the cluster's last blocks
+                # get none), and no partials in memory to bound them
+                kernel, splits = "attention_cluster", ATTENTION_CLUSTER_SPLITS
+            else:
+                kernel = "attention"
+                splits = max(1, min(ATTENTION_MAX_SPLITS, splits, ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
+                if t * n_heads > SPLIT_COUNTS:
+                    splits = 1
+            # out's int16 blocks beside it, from the one split or the one that merges several
             beside = self._x16_beside(out) if dv % 32 == 0 else (0, 0)
-            dev.launch("attention", (t, n_heads, splits), 128, args + (self._partials, self._counts, *beside))
+            dev.launch(kernel, (t, n_heads, splits), 128, args + (self._partials, self._counts, *beside))
         return out
 
     def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:

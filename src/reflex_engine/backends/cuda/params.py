@@ -25,6 +25,7 @@ KERNELS = {
     # attention.cu, attention_prefill.cu
     "kv_store": "PPPPPPPiii",
     "attention": "PPPPPPPiiiiifPPPP",
+    "attention_cluster": "PPPPPPPiiiiifPPPP",
     "attention_prefill": "PPPPPPPiiiiif",
     # delta_net.cu
     "sigmoid_gate_f32": "PPPqii",
