@@ -19,9 +19,6 @@ __device__ __forceinline__ void follow_previous_kernel() {
 #endif
 }
 
-// p's address in the shared window, as the PTX instructions on shared memory take it.
-__device__ __forceinline__ uint32_t shared_address(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
 struct Sum {
     template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
 };

@@ -190,6 +190,8 @@ constexpr int XB_ODD = (XM_ROWS / 2) * XB_SEG + 64;  // where a stage's odd rows
 constexpr int XB_STAGE_BYTES = XB_ODD + (XM_ROWS / 2) * XB_SEG;
 static_assert(XB_SEG % 16 == 0 && XB_ODD % 128 == 64 && XB_STAGE_BYTES % 16 == 0, "bulk copies move 16-byte units");
 
+__device__ __forceinline__ uint32_t shared_address(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
 // An mbarrier for one arrival (the producing lane's) and the bytes its copies bring.
 __device__ __forceinline__ void bulk_barrier_init(uint64_t* bar) {
 #if __CUDA_ARCH__ >= 900
