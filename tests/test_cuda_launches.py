@@ -357,6 +357,31 @@ def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
     assert names.count("norm_f32") == 1 and "quantize_x16" not in names
 
 
+def test_bench_times_decode_steps_that_replay_graphs_captured_in_its_warm_ups(fake, monkeypatch):  # noqa: F811
+    """`reflex bench` times warm decoding: no graph is captured inside a timed decode run (a capture is an eager
+    pass and an instantiation; run 22's 8B bench timed the first step's in its one 64-token run, 9.5 ms)."""
+    from reflex_engine.backends.cuda import graph as graph_module
+    from reflex_engine.bench import run_bench
+
+    fake()
+    model = reflex_engine.load(MODEL, device="cuda", n_ctx=4200)
+    timed, captured = [False], []
+    capture = graph_module.CapturedPass._capture
+    monkeypatch.setattr(graph_module.CapturedPass, "_capture",
+                        lambda self, batch: (captured.append((timed[0], len(batch.tokens), batch.start)), capture(self, batch))[1])
+    generate = model.generate
+
+    def marked(ids, max_tokens, **kwargs):  # the timed decode runs are the ones of decode_tokens
+        timed[0] = max_tokens == 64
+        return generate(ids, max_tokens=max_tokens, **kwargs)
+
+    monkeypatch.setattr(model, "generate", marked)
+    monkeypatch.setattr(model.ops.device, "copy_bandwidth", lambda: 4e12)  # the fake's events take no time
+    run_bench(model, runs=3, decode_tokens=64)  # its prompts of 16 to 2,048 tokens, its decodes at 128 and 4,096
+    assert any(n == 1 and start >= 128 for _, n, start in captured)  # the decode graphs were captured, in warm-ups
+    assert [c for c in captured if c[0]] == []
+
+
 def test_a_prompt_chunk_whose_logits_no_one_wants_multiplies_no_head(fake, monkeypatch):  # noqa: F811
     """A prompt longer than a pass (ops.MAX_BATCH) runs in chunks; the first one's logits rows are none, and
     its head matmul is of 0 rows: nothing launched, whichever kernel one row would take."""
