@@ -191,8 +191,6 @@ struct PartialsInMemory {
     __device__ float value(int s, int c) const { return __ldcg(acc + (size_t)s * dv + c); }
 };
 
-
-
 // out for (query i, head h) from the n_splits partials the splits left (`from`: PartialsInMemory or
 // PartialsInShared): each split's sum and weighted V rescaled to the largest max. Splits of weight 0
 // (past the query's slot, all hidden, or negligible) are skipped, so their acc is never read. With xq,
