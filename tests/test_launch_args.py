@@ -44,6 +44,7 @@ SHARED_CONSTANTS = {
     ("ops", "GEMM_FRAG_WARPS"): [("gemm_frag.cu", "GF_WARPS")],
     ("ops", "ATTENTION_MAX_SPLITS"): [("attention.cu", "ATTN_MAX_SPLITS")],
     ("ops", "ATTENTION_SPLIT_SLOTS"): [("attention.cu", "ATTN_SPLIT_MIN_SLOTS")],
+    ("ops", "ATTENTION_CLUSTER_SPLITS"): [("attention.cu", "ATTN_CLUSTER")],
     ("ops", "TOP_K_MAX"): [("sampling.cu", "TOPK_MAX")],
     ("experts", "MOE_WARPS"): [("moe.cu", "MOE_WARPS")],
     ("experts", "ROUTE_THREADS"): [("moe.cu", "ROUTE_THREADS")],
