@@ -78,13 +78,12 @@ def test_the_graphs_used_last_are_kept_and_a_decode_steps_outlive_prompts(graphe
     assert [shape[0] for shape in model._forward.graphs] == lengths[1:]
     # 16 again: every graph kept was used since it last came (five shapes in turn, four kept)
     assert [prompt_pass(model, events, list(range(1, 17))) for _ in range(2)] == ["eager", "captured"]
-    for _ in range(2):  # the one-token passes' graphs: the host's token, then the device's own
-        for _ in model.generate([1, 2, 3], max_tokens=6, sampling=SamplingParams(temperature=0), ignore_eos=True):
-            pass
+    for _ in model.generate([1, 2, 3], max_tokens=6, sampling=SamplingParams(temperature=0), ignore_eos=True):
+        pass  # the decode steps' one graph
     for n in lengths:
         for _ in range(2):
             prompt_pass(model, events, list(range(1, n + 1)))
-    assert [shape[0] for shape in model._forward.graphs] == [1, 1, 9, 3]
+    assert [shape[0] for shape in model._forward.graphs] == [1, 5, 9, 3]
 
 
 def test_prompts_cycling_through_more_shapes_than_fit_keep_the_graphs_they_have(graphed):
@@ -115,14 +114,23 @@ def wait_for_choices(model, events) -> None:
 
 def test_a_greedy_decode_queues_each_pass_before_the_host_reads_the_token_it_follows(graphed):
     """The device chooses greedily on its own and the next pass reads the choice there (ops.SAMPLED),
-    so each pass is queued before the host waits for the token before it; that pass's shape (a
-    token on the device) is captured at its second step and replayed at every position after."""
+    so each pass is queued before the host waits for the token before it. The prompt's choice stays
+    there too, so every decode step has one shape (a token on the device), the first step's included:
+    captured at a process's second step and replayed at every position after, the next generation's
+    first step too (runs 22-23: a first step reading the host's token was a shape of its own, eager in a
+    one-shot generation, and left eager at 4,096, where its capture would destroy a prompt's graph)."""
     model, events = graphed
     wait_for_choices(model, events)
-    for _ in model.generate([1, 2, 3], max_tokens=6, sampling=SamplingParams(temperature=0), ignore_eos=True):
+    greedy = SamplingParams(temperature=0)
+    for _ in model.generate([1, 2, 3], max_tokens=6, sampling=greedy, ignore_eos=True):
         pass
-    # the passes of tokens 0 and 1 eager, then 2, 3 and 4 replayed; the last token's pass never runs
-    assert events == ["wait", "capture", "replay", "wait", "replay", "wait", "replay", "wait", "wait"]
+    # the prompt's choice, the pass of token 1 eager, then 2-5 replayed; the last token's pass never runs
+    assert events == ["wait", "capture", "replay", "wait", "replay", "wait", "replay", "wait", "replay", "wait", "wait"]
+    events.clear()
+    for _ in model.generate([4, 5, 6, 7], max_tokens=6, sampling=greedy, ignore_eos=True):
+        pass
+    # a new prompt length (eager), then every step's pass replayed, each queued before the token before it is read
+    assert events == ["wait", "replay"] + ["replay", "wait"] * 4 + ["wait"]
     assert [shape[0] for shape in model._forward.graphs] == [1]
 
 

@@ -405,17 +405,21 @@ class Model:
                   stop: tuple[str, ...], eog, n_top: int | None, guide=None):
         capacity = self.n_ctx if max_tokens == -1 else min(self.n_ctx, len(ids) + max_tokens)
         history, n_past = list(ids), len(ids)
+        # a pass may run ahead of the host's choice (_step), except into a recurrent state, which would keep it
+        pipelined = guide is None and n_top is None and not self.config.recurrent_layers
         with timings.phase("prompt_eval"):
             logits = self._next_logits(Batch.causal(ids[cached:], cached))
             if guide is not None:  # the vocabulary's build ran beside the pass (a device's may still run)
                 with timings.phase("constraint"):
                     guide.ready()
-            token, scored = self._choose(logits, history, sampler, n_top, guide)
+            # where the device chooses alone, its choice stays where a pass of SAMPLED reads it: then every decode
+            # step reads its token there, the first too, and all share one shape (one CUDA graph)
+            chosen = sampler.ahead(logits) if pipelined else None
+            token, scored = (chosen(), ()) if chosen else self._choose(logits, history, sampler, n_top, guide)
             del logits  # the decode steps' logits take the same device buffer
         timings.mark("first_token")
         stream, text, emitted = self.tokenizer.stream(), "", 0
-        # a pass may run ahead of the host's choice (_step), except into a recurrent state, which would keep it
-        ahead, pipelined = None, guide is None and n_top is None and not self.config.recurrent_layers
+        ahead, sampled = None, chosen is not None
         decode_start = time.perf_counter()
         while True:
             if token in eog:
@@ -445,7 +449,8 @@ class Model:
                 gen.finish_reason = "length"
                 break
             then = len(gen.tokens) + 1 != max_tokens and n_past + 1 != capacity  # the next token's pass, unless it ends
-            token, scored, ahead = self._step(token, n_past, ahead, then, pipelined, history, sampler, n_top, guide)
+            token, scored, ahead = self._step(token, sampled, n_past, ahead, then, pipelined, history, sampler, n_top,
+                                              guide)
             n_past += 1
         if gen.finish_reason != "stop":
             text += stream.flush()
@@ -457,17 +462,18 @@ class Model:
         self._note_upload(timings)
         timings.mark("total")
 
-    def _step(self, token: int, n_past: int, ahead, then: bool, pipelined: bool, history: list[int], sampler,
-              n_top: int | None, guide) -> tuple[int, tuple, object]:
+    def _step(self, token: int, sampled: bool, n_past: int, ahead, then: bool, pipelined: bool, history: list[int],
+              sampler, n_top: int | None, guide) -> tuple[int, tuple, object]:
         """The token after `token` (cache slot n_past), its score, and the function returning the
-        token after that where its pass is queued already (`ahead`, else None). Where the sampler
+        token after that where its pass is queued already (`ahead`, else None). `sampled`: the device
+        holds `token` where a pass of SAMPLED reads it (its sampler chose it ahead). Where the sampler
         can choose on the device alone (`pipelined`: no constraint, no scores), the next pass
         (`then`: one runs unless the chosen token ends the generation) is queued before the host
         reads the choice, reading it on the device, so the host's share of a step runs beside the
         device's. A pass queued for a token that ends the generation runs for nothing, on a slot
         past the context."""
         if ahead is None:
-            logits = self._forward(Batch.causal([token], n_past), [0])
+            logits = self._forward(Batch.causal(SAMPLED if sampled else [token], n_past), [0])
             ahead = sampler.ahead(logits) if pipelined else None
             if ahead is None:  # the logits go out of scope inside _choose: the next step's take the same device buffer
                 return (*self._choose(logits, history, sampler, n_top, guide), None)
