@@ -85,6 +85,18 @@ __device__ __forceinline__ void rope_rotate(const float* x, const float* norm_w,
     for (int i = r.n_rot + threadIdx.x; i < r.head_dim; i += blockDim.x) put(i, in(i));
 }
 
+// Before the wait for the kernel before (the matvec making q and k): asks L2 for the head's norm weights and,
+// where the pass's first rope wrote them, its angles (a line a thread: the block has at least 32), which that
+// kernel does not write, so that their trip from memory runs beside it and not after it.
+__device__ __forceinline__ void ask_l2_for_rope_constants(const float* norm0, const float* norm1, int heads0,
+                                                          int head_dim, const float2* angles, int angles_ready, int n_rot) {
+    const float* norm_w = blockIdx.y >= heads0 ? norm1 : norm0;
+    const int line = threadIdx.x * 128;
+    if (norm_w && line < head_dim * (int)sizeof(float)) prefetch_l2(reinterpret_cast<const char*>(norm_w) + line);
+    if (angles_ready && line < n_rot / 2 * (int)sizeof(float2))
+        prefetch_l2(reinterpret_cast<const char*>(angles + blockIdx.x * ROPE_MAX_PAIRS) + line);
+}
+
 // Rotate the first n_rot dims of every head (above); with norm_w, each head is first RMS-normalized.
 // Two tensors of the same tokens at once (q and k, each with its own norm): blocks y < heads0 take
 // x0's heads0 heads a token, the rest x1's (gridDim.y - heads0; none: x1, y1 unused). With k_cache,
@@ -99,6 +111,7 @@ extern "C" __global__ void rope_f32(const float* x0, float* y0, const float* nor
                                     int neox, double base, double freq_scale, float eps, float2* angles, int angles_ready,
                                     __half* k_cache, __half* v_cache, const float* v, int v_width, int* slot_seg,
                                     const int* seg, const int* start_at) {
+    ask_l2_for_rope_constants(norm0, norm1, heads0, head_dim, angles, angles_ready, n_rot);
     follow_previous_kernel();
     __shared__ float2 cs[ROPE_MAX_PAIRS];
     __shared__ float scale;
