@@ -98,11 +98,11 @@ def run_bench(model, runs: int = 5, decode_tokens: int = 64, prefill_tokens=PREF
         if c + decode_tokens > model.n_ctx:
             continue
         rates, gaps = [], []
-        # warm-up: the decode graphs of this context's bucket of slots (backends/cuda/ops.py decode_slots), each
-        # captured the second time its shape comes (backends/cuda/graph.py) where that destroys no graph used since:
-        # the first step's, whose token comes from the host, comes once a generation, and the prompts before may
-        # have held every graph kept; after one warm-up the timed run captured it (an eager pass and an
-        # instantiation: 9.5 ms of 8B's 64-token run on the H200, docs/perf-notes.md run 22)
+        # warm-up, twice: this context's prompt and the decode step of its bucket of slots (backends/cuda/ops.py
+        # decode_slots) are each captured the second time their shape comes (backends/cuda/graph.py), where that
+        # destroys no graph used since; the prompts before may have held every graph kept. After one warm-up a
+        # timed run captured one (an eager pass and an instantiation: 9.5 ms of 8B's 64-token run on the H200,
+        # docs/perf-notes.md run 22; since run 23 every decode step has one shape, and the prompt's remains)
         for _ in range(2):
             generate(c, 4)
         for _ in range(max(1, runs // 2)):
