@@ -229,9 +229,9 @@ __device__ __forceinline__ void combine_splits(Partials from, float* out, int i,
 // Before a block's wait for the kernel before it (the rope writing this pass's own slots): asks L2 for the K
 // and V rows (its KV head's) of its split's slots that earlier passes wrote, so that their trip from memory runs
 // beside that kernel and attend's loads after the wait find them in L2. It reads nothing a kernel of the pass
-// writes (*start_at: the copy before the pass). The split's slots as attend cuts them. Only where the blocks
-// start early: in a launch of several waves the later blocks' asking is on their own path (run 23: `attention`
-// at a 4,096-token context lost 3-4% with it).
+// writes (*start_at: the copy before the pass). The split's slots as attend cuts them. Called by a decode step's
+// clusters alone: in `attention` at a 4,096-token context (576-1,152 blocks asking for 512 lines each) it lost
+// 3-4% (run 23).
 __device__ __forceinline__ void ask_l2_for_earlier_slots(const __half* k_cache, const __half* v_cache, const int* start_at,
                                                          int n_tok, int n_heads, int n_kv_heads, int dk, int dv) {
     const int n_splits = gridDim.z, start = *start_at;
@@ -354,8 +354,8 @@ extern "C" __global__ void ATTN_CLUSTER_DIMS __launch_bounds__(ATTN_WARPS * WARP
 attention_cluster(const float* q, const __half* k_cache, const __half* v_cache, const int* slot_seg,
                   const int* seg, float* out, const int* start_at, int n_tok, int n_heads, int n_kv_heads, int dk,
                   int dv, float scale, float* partials, int* counts, uint8_t* xq, float2* xds) {
-    // a decode step's clusters fit the SMs at once, so their blocks start beside the rope; a short batch's take
-    // waves, whose later blocks would ask on their own path (both measured: run 23)
+    // a decode step's clusters (n_heads x 8 blocks) fit the SMs at once and start beside the rope; a short batch's
+    // may take waves, whose later blocks would ask on their own path
     if (n_tok == 1) ask_l2_for_earlier_slots(k_cache, v_cache, start_at, n_tok, n_heads, n_kv_heads, dk, dv);
     follow_previous_kernel();
     cluster_arrive(false);  // this block has started: its shared memory may be written once every block has
