@@ -1,12 +1,13 @@
 """What each kind of kernel costs inside a replayed decode step: the step's CUDA graph captured
-after a 128-token prompt, then replayed with kernel nodes switched off by name
+after a prompt of each --contexts' length (the cache as `reflex bench` sizes it), then replayed with kernel nodes
+switched off by name
 (cuGraphNodeSetEnabled): all on, each name off alone, only the matvecs on, only the rest on; with --places, each
 matvec's place instead of its name alone (its grid and the kernel before it: o after attention, down after SwiGLU). A
 switched-off kernel leaves its outputs stale, so later kernels compute on garbage; what they read and
 how long they take do not depend on the values (no kernel here branches on them but attention's
 masks, which read the step's ints, untouched).
 
-    PYTHONPATH=src python3 tools/probe_graph_nodes.py MODEL [--replays 200] [--places]
+    PYTHONPATH=src python3 tools/probe_graph_nodes.py MODEL [--replays 200] [--places] [--contexts 128,4096]
 
 A throwaway measurement tool: it keeps the captured graph the engine would destroy.
 """
@@ -56,24 +57,34 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--places", action="store_true")
+    ap.add_argument("--contexts", default="128,4096")
     args = ap.parse_args()
+    contexts = [int(c) for c in args.contexts.split(",")]
     if args.replays < 5:
         sys.exit("probe_graph_nodes: --replays takes 5 or more")
     try:
-        model = reflex_engine.load(args.model, device="cuda", n_ctx=512)
+        model = reflex_engine.load(args.model, device="cuda", n_ctx=max(contexts) + 256)  # as `reflex bench`
     except ReflexError as e:
         sys.exit(f"probe_graph_nodes: {e}")
+    model._forward.close()
+    for context in contexts:
+        probe(model, context, args)
+
+
+def probe(model, context: int, args) -> None:
+    """The table of a decode step after a prompt of `context` tokens."""
     dev = model.ops.device
     drv, lib, stream = dev.drv, dev.drv._lib, dev.stream
     kept = []
     destroy = drv.cuGraphDestroy
     drv.cuGraphDestroy = kept.append  # the engine destroys the graph once instantiated: keep it
-    model._forward.close()
     greedy = SamplingParams(temperature=0)
-    for _ in model.generate(list(range(1000, 1128)), max_tokens=4, sampling=greedy, ignore_eos=True):
+    prompt = [(1000 + i) % model.config.n_vocab for i in range(context)]
+    for _ in model.generate(prompt, max_tokens=4, sampling=greedy, ignore_eos=True):
         pass
     drv.cuGraphDestroy = destroy
-    exec_, graph = model._forward.graphs[next(iter(model._forward.graphs))]._exec, kept[-1]  # the decode step's
+    # the decode step's: the generation's last pass replayed it, and its capture is the one this prompt made
+    exec_, graph = model._forward.graphs[next(reversed(model._forward.graphs))]._exec, kept[-1]
     names_of = {fn.value: name for name, fn in dev._functions.items()}
     nodes = kernel_nodes(lib, graph, names_of)
     nodes = places(nodes) if args.places else [(node, name) for node, name, _ in nodes]
@@ -102,7 +113,7 @@ def main() -> None:
 
     matvec = lambda name: name.startswith("matvec")  # noqa: E731
     full = step_us(lambda name: False)
-    print(f"## {args.model}: a decode step at a 128-token context, {len(nodes)} kernel nodes, {full:.1f} us a replay "
+    print(f"## {args.model}: a decode step at a {context}-token context, {len(nodes)} kernel nodes, {full:.1f} us a replay "
           f"({1e6 / full:.0f} tok/s)\n")
     print("| kernels switched off | nodes | us a step | saved us | saved a node |\n|---|---|---|---|---|")
     rows = [(name, lambda n, name=name: n == name, counts[name]) for name in sorted(counts)]
@@ -112,6 +123,8 @@ def main() -> None:
     for label, off, n in rows:
         us = step_us(off)
         print(f"| {label} | {n} | {us:.1f} | {full - us:.1f} | {(full - us) / max(n, 1):.2f} |", flush=True)
+    for node, _ in nodes:  # the engine's graph as it was
+        assert lib.cuGraphNodeSetEnabled(exec_, node, 1) == 0
     destroy(graph)
 
 
