@@ -55,6 +55,12 @@ struct AttnPartials {
     __device__ SplitPartial at(size_t row, int dv) const { return {pairs + row, acc + row * dv}; }
 };
 
+// The slots a split takes: the splits (gridDim.z) cut the slots of the batch's last query evenly,
+// ATTN_SPLIT_MIN_SLOTS at least; split blockIdx.z's begin at blockIdx.z times this.
+__device__ __forceinline__ int split_length(int start, int n_tok) {
+    return max(ATTN_SPLIT_MIN_SLOTS, (start + n_tok + (int)gridDim.z - 1) / (int)gridDim.z);
+}
+
 // One (query token, query head, split) for a block: see `attention`. nk, nv (head widths / 32)
 // are literals at the common call sites, so the per-lane loops below shrink to them there. STEP
 // slots at a time, so that their loads are in flight together.
@@ -66,8 +72,7 @@ __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
                                        uint8_t* xq, float2* xds) {
     const int i = blockIdx.x, h = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    // the splits cut the slots of the batch's last query evenly, ATTN_SPLIT_MIN_SLOTS at least
-    const int split_len = max(ATTN_SPLIT_MIN_SLOTS, (start + n_tok + n_splits - 1) / n_splits);
+    const int split_len = split_length(start, n_tok);
     const int last = start + i, first = split * split_len, end = min(first + split_len - 1, last);
     if (first > end) {  // a split past the query's slot: weight 0 in the combine, which skips its acc
         if (threadIdx.x == 0) *partial_at().pair = make_float2(-INFINITY, 0.0f);
@@ -234,8 +239,7 @@ __device__ __forceinline__ void combine_splits(Partials from, float* out, int i,
 // 3-4% (run 23).
 __device__ __forceinline__ void ask_l2_for_earlier_slots(const __half* k_cache, const __half* v_cache, const int* start_at,
                                                          int n_tok, int n_heads, int n_kv_heads, int dk, int dv) {
-    const int n_splits = gridDim.z, start = *start_at;
-    const int split_len = max(ATTN_SPLIT_MIN_SLOTS, (start + n_tok + n_splits - 1) / n_splits);
+    const int start = *start_at, split_len = split_length(start, n_tok);
     const int first = blockIdx.z * split_len, n_slots = min(first + split_len, start) - first;
     const int kv_head = blockIdx.y / (n_heads / n_kv_heads);
     constexpr int LINE = 64;  // halves a 128-byte line
