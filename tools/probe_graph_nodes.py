@@ -59,9 +59,12 @@ def main() -> None:
     ap.add_argument("--places", action="store_true")
     ap.add_argument("--contexts", default="128,4096")
     args = ap.parse_args()
-    contexts = [int(c) for c in args.contexts.split(",")]
-    if args.replays < 5:
-        sys.exit("probe_graph_nodes: --replays takes 5 or more")
+    try:
+        contexts = [int(c) for c in args.contexts.split(",")]
+    except ValueError:
+        contexts = []
+    if args.replays < 5 or not contexts or min(contexts) < 1:
+        sys.exit("probe_graph_nodes: --replays takes 5 or more, --contexts comma-separated lengths of 1 or more")
     try:
         model = reflex_engine.load(args.model, device="cuda", n_ctx=max(contexts) + 256)  # as `reflex bench`
     except ReflexError as e:
