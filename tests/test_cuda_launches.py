@@ -338,29 +338,13 @@ def test_a_decode_steps_attention_splits_its_bucket_of_slots_not_the_whole_cache
     for start in (0, 100, 255, 256, 1000, 3000, 4351):
         lib.launches = []
         ops.attention(q, kv, kv, cache=cache, layer=0, batch=Batch.causal([0], start), n_heads=4, n_kv_heads=1, scale=0.1)
-        splits[start] = next((name, grid[1:]) for name, grid, *_ in lib.launches if name.startswith("attention"))
-    cluster = ("attention_cluster", (1, 8))  # the 4 query heads of the one KV head in a block
-    assert splits == {0: cluster, 100: cluster, 255: cluster, 256: cluster, 1000: cluster, 3000: ("attention", (1, 32)),
-                      4351: ("attention", (1, 34))}
+        splits[start] = next((name, grid[2]) for name, grid, *_ in lib.launches if name.startswith("attention"))
+    cluster = ("attention_cluster", 8)
+    assert splits == {0: cluster, 100: cluster, 255: cluster, 256: cluster, 1000: cluster, 3000: ("attention", 32),
+                      4351: ("attention", 34)}
     one = [pass_shape(Batch.causal([0], start), [0]) for start in (1, 100, 255, 256, 511, 512)]
     assert one[0] == one[1] == one[2] != one[3] == one[4] != one[5]
     assert pass_shape(Batch.causal([0], 0), [0]) != one[0]  # a fresh recurrent state
-
-
-@pytest.mark.parametrize("n_heads,n_kv_heads,dk,dv,group", [
-    (32, 8, 128, 128, 4),  # Qwen3-8B
-    (16, 8, 128, 128, 2),  # Qwen3-0.6B
-    (9, 3, 64, 64, 1),  # SmolLM2-135M: 3 query heads a KV head
-    (8, 1, 256, 256, 2),  # 256-wide heads: two heads' q and output fill a block's 512 floats
-    (4, 4, 96, 96, 1),  # no grouping; 96 lies in 128 lanes' worth
-    (8, 2, 32, 64, 4),
-    (64, 8, 64, 64, 4),  # 8 query heads a KV head: two blocks, each reading the rows
-])
-def test_a_split_attention_block_takes_query_heads_of_one_kv_head(n_heads, n_kv_heads, dk, dv, group):
-    """kernels/attention.cu's split kernels read a KV head's rows once for the query heads of a block: the most
-    of 4, 2 or 1 that divides the KV head's query heads and whose q and output (each head's width up to a power
-    of two, 32 at least) fit 512 floats."""
-    assert ops_module.attention_group(n_heads, n_kv_heads, dk, dv) == group
 
 
 def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):

@@ -84,9 +84,6 @@ ATTENTION_SPLIT_TARGET, ATTENTION_MIN_SPLITS = 128, 8
 # on sm_90+, up to this many splits run as one cluster of as many blocks (kernels/attention.cu attention_cluster),
 # merged through distributed shared memory instead of by the last split to finish through global memory
 ATTENTION_CLUSTER_SPLITS = 8
-# query heads of one KV head that a block of the split kernels takes, reading their K and V rows once: at most this
-# many, and their q and output (head widths up to a power of two, 32 at least) at most ATTENTION_GROUP_FLOATS floats
-ATTENTION_MAX_GROUP, ATTENTION_GROUP_FLOATS = 4, 512
 # a one-token pass splits the slots up to a power of two past its own, at least this many (decode_slots)
 DECODE_MIN_SLOTS = 256
 ROPE_MAX_DIMS = 256  # rotated dims a head, kernels/elementwise.cu ROPE_MAX_PAIRS
@@ -133,13 +130,6 @@ def decode_slots(start: int) -> int:
     bucket and graph.py captures a decode step's graph once a bucket; the grid of the whole cache left
     most of its blocks without slots at a short context (2,048 blocks a layer on Qwen3-8B at 4,352)."""
     return max(DECODE_MIN_SLOTS, 1 << start.bit_length())
-
-
-def attention_group(n_heads: int, n_kv_heads: int, dk: int, dv: int) -> int:
-    """The query heads a block of kernels/attention.cu's split kernels takes, all of one KV head."""
-    lane_width = max(32, 1 << (max(dk, dv) - 1).bit_length())
-    return next(g for g in (4, 2, 1)
-                if g <= ATTENTION_MAX_GROUP and (n_heads // n_kv_heads) % g == 0 and g * lane_width <= ATTENTION_GROUP_FLOATS)
 
 
 def token_class(n_tok: int) -> int:
@@ -873,8 +863,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
                     splits = 1
             # out's int16 blocks beside it, from the one split or the one that merges several
             beside = self._x16_beside(out) if dv % 32 == 0 else (0, 0)
-            grid = (t, n_heads // attention_group(n_heads, n_kv_heads, dk, dv), splits)
-            dev.launch(kernel, grid, 128, args + (self._partials, self._counts, *beside))
+            dev.launch(kernel, (t, n_heads, splits), 128, args + (self._partials, self._counts, *beside))
         return out
 
     def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:
