@@ -11,28 +11,10 @@ from reflex_engine import cli
 from reflex_engine.backends import create_backend
 from reflex_engine.backends.cuda import device as device_module
 from reflex_engine.backends.cuda import driver
-from reflex_engine.backends.cuda.image import ImageChoice
 from reflex_engine.errors import CudaUnavailable, ReflexError
-from fake_libcuda import FakeLibcuda
 from test_goldens import paths
 
 MODEL = paths("qwen3", "Q4_K")[0]
-
-
-@pytest.fixture
-def fake(monkeypatch, tmp_path):
-    """Install a fake driver and a fake sm_90 kernel image; returns a function to configure them."""
-    image = tmp_path / "sm_90.cubin"
-    image.write_bytes(b"\x7fELF fake")
-
-    def install(kind="sass", min_driver=13000, **machine):
-        lib = FakeLibcuda(**machine)
-        monkeypatch.setattr(driver, "load_library", lambda name="libcuda.so.1": lib)
-        monkeypatch.setattr(device_module, "find_image",
-                            lambda cc: ImageChoice(str(image), kind, "sm_90" if kind == "sass" else "compute_120", min_driver))
-        return lib
-
-    return install
 
 
 def run(capsys, *argv):

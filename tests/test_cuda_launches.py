@@ -1,4 +1,4 @@
-"""Which kernels a pass launches on the CUDA backend, counted below the binding (test_cuda_errors.py's
+"""Which kernels a pass launches on the CUDA backend, counted below the binding (conftest.py's
 fake libcuda; everything above it is real): weights reading one x share a launch where they take
 one kernel (q, k and v; gate and up), q and k are rotated together, a short prompt's attention
 needs no merge, the short-prompt GEMM splits only weights too small to fill the GPU, wide rows take
@@ -21,7 +21,7 @@ from reflex_engine.backends.cuda.params import param_format
 from reflex_engine.gguf.constants import GGML_BLOCK, GGMLType
 from reflex_engine.ops import Batch, CacheShape, Rope, RopeMode
 from reflex_engine.sampling import SamplingParams
-from test_cuda_errors import MODEL, fake  # noqa: F401 (a fixture)
+from test_cuda_errors import MODEL
 
 
 @pytest.fixture
@@ -103,10 +103,9 @@ def test_prompts_cycling_through_more_shapes_than_fit_keep_the_graphs_they_have(
 
 
 def wait_for_choices(model, events) -> None:
-    """Record "wait" where the host waits for a choice the device copies back (cuda/sampler.py Readback)."""
+    """Record "wait" where the host waits for a choice the device copies back (cuda/memory.py Readback)."""
     def synchronize(event):
-        readback = model.ops._readback
-        if readback is not None and event.value in [e.value for e in readback.events]:
+        if event.value in [e.value for e in model.ops.readback.events]:
             events.append("wait")
 
     model.ops.device.drv.cuEventSynchronize = synchronize

@@ -9,7 +9,6 @@ import pytest
 from reflex_engine.backends.cuda.memory import ALIGN, Plan, Pool, Region, Tensor
 from reflex_engine.backends.cuda.ops import buffer_address
 from reflex_engine.errors import ReflexError
-from test_cuda_errors import fake  # noqa: F401 (a fixture)
 
 
 def test_buffer_address_of_writable_and_read_only_buffers(tmp_path):
@@ -54,7 +53,7 @@ def test_the_memory_plan_names_what_does_not_fit():
         plan.check(free=6_000_000_000, device="GPU", n_ctx=4096)
 
 
-# -- giving the device back (through test_cuda_errors.py's fake libcuda, which keeps the books) ----
+# -- giving the device back (through conftest.py's fake libcuda, which keeps the books) ----
 
 def loaded_and_used(fake):  # noqa: F811
     import reflex_engine

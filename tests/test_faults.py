@@ -17,7 +17,6 @@ from reflex_engine import cli, kvstate, native, sidecar
 from reflex_engine.engine import ModelFile
 from reflex_engine.errors import GGUFError, ReflexError
 from reflex_engine.sampling import SamplingParams
-from test_cuda_errors import fake  # noqa: F401 (a fixture)
 from test_goldens import paths
 
 QWEN3 = paths("qwen3", "Q4_0")[0]

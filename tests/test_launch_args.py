@@ -15,7 +15,6 @@ from reflex_engine.backends.cuda.params import FAMILIES, KERNELS, param_format
 from reflex_engine.errors import ReflexError
 from reflex_engine.sampling import SamplingParams
 from fake_libcuda import kernel_formats
-from test_cuda_errors import fake  # noqa: F401 (a fixture)
 from test_goldens import paths
 
 SOURCE = kernel_formats()
