@@ -103,9 +103,10 @@ def test_prompts_cycling_through_more_shapes_than_fit_keep_the_graphs_they_have(
 
 
 def wait_for_choices(model, events) -> None:
-    """Record "wait" where the host waits for a choice the device copies back (cuda/memory.py Readback)."""
+    """Record "wait" where the host waits for a choice the device copies back (cuda/sampler.py Readback)."""
     def synchronize(event):
-        if event.value in [e.value for e in model.ops.readback.events]:
+        readback = model.ops._readback
+        if readback is not None and event.value in [e.value for e in readback.events]:
             events.append("wait")
 
     model.ops.device.drv.cuEventSynchronize = synchronize

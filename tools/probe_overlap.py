@@ -46,8 +46,8 @@ reported = timing.reported_phases
 timing.reported_phases = lambda phases: {**reported(phases), **{k: round(v, 3) for k, v in MARKS.items()}}
 """
 # the driver's init as BackendStart._init_cuda runs it, its steps marked on the result line (ms since the
-# init thread began: the library and cuInit, the primary context, device.py imported, the Device, the readback's
-# pinned slots); "alone": the main thread waits for the init before anything else, so nothing runs beside it
+# init thread began: the library and cuInit, the primary context, device.py imported); "alone": the main
+# thread waits for the init before anything else, so nothing runs beside it
 INIT_MARKS = """
 import time
 from reflex_engine import backends, timing
@@ -62,12 +62,8 @@ def marked_init(self):
         held = self._driver.hold_primary_context(drv)
         mark("init_context_ms")
         from reflex_engine.backends.cuda.device import Device
-        from reflex_engine.backends.cuda.memory import Readback
         mark("init_import_ms")
         self._cuda = Device(drv)
-        mark("init_device_ms")
-        self._readback = Readback(self._cuda)
-        mark("init_readback_ms")
         if held is not None:
             drv.cuDevicePrimaryCtxRelease_v2(held)
     except BaseException as e:
@@ -176,7 +172,7 @@ if PIN:
 sys.argv = ["floor.py", CUBIN]
 runpy.run_path(FLOOR, run_name="__main__")
 """
-PHASES = ("teardown_unpin_ms", "teardown_free_ms", "teardown_context_ms", "cuda_ready_ms", "cuda_init_ms", "init_cuinit_ms", "init_context_ms", "init_import_ms", "init_device_ms", "init_readback_ms", "backend_init_ms", "model_load_ms",
+PHASES = ("teardown_unpin_ms", "teardown_free_ms", "teardown_context_ms", "cuda_ready_ms", "cuda_init_ms", "init_cuinit_ms", "init_context_ms", "init_import_ms", "backend_init_ms", "model_load_ms",
           "upload_ms", "prompt_eval_ms", "first_token_ms", "ops_ready_ms", "load_end_ms", "pass_start_ms")
 
 

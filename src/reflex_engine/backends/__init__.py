@@ -30,7 +30,7 @@ class BackendStart:
         self.started_ms = since_start_ms()  # when the driver's init began, since reflex_engine's import
         self.cuda_init_ms: float | None = None  # the driver's time on the thread
         self.ready_ms: float | None = None  # when it ended, since reflex_engine's import
-        self._cuda = self._readback = self._error = None
+        self._cuda = self._error = None
         self._thread = None
         if device != "cpu":
             # Only the driver binding is imported before the thread starts (device.py's imports, ~20
@@ -58,12 +58,8 @@ class BackendStart:
             held = self._driver.hold_primary_context(drv)
             try:
                 from .cuda.device import Device
-                from .cuda.memory import Readback
 
                 self._cuda = Device(drv)
-                # a greedy generation's first token comes back through it: made here, its pinned
-                # allocation is off the path between the prompt's pass and that token
-                self._readback = Readback(self._cuda)
             finally:
                 if held is not None:
                     drv.cuDevicePrimaryCtxRelease_v2(held)
@@ -84,9 +80,8 @@ class BackendStart:
             raise ReflexError(cpu_only)
         if self._thread is not None and cpu_only is None:
             if self._error is None:
-                device, readback = self._cuda, self._readback
-                self._cuda = self._readback = None  # they serve one CudaOps, whose close() closes them
-                return CudaOps(device, readback)
+                device, self._cuda = self._cuda, None  # a Device serves one CudaOps, whose close() closes it
+                return CudaOps(device)
             if not (isinstance(self._error, CudaUnavailable) and self.device == "auto"):
                 raise self._error
         from .cpu import CpuOps  # imports numpy: only once a backend is actually wanted

@@ -5,13 +5,12 @@ its width's free list when the Python object dies. The same op sequence therefor
 buffers every step, which keeps a decode step capturable as a CUDA graph, and a forward pass
 never calls the allocator.
 
-Beside them, small pinned host buffers that copies queued on the stream go through (PinnedTurns),
-and the pair the sampler's device-made choices come back through (Readback).
+Beside them, small pinned host buffers that copies queued on the stream go through (PinnedTurns).
 """
 from __future__ import annotations
 
-from ctypes import byref, c_int32, c_void_p
-from typing import Callable, NamedTuple
+from ctypes import byref, c_void_p
+from typing import NamedTuple
 
 from ...errors import ReflexError
 from . import driver as cu
@@ -51,29 +50,6 @@ class PinnedTurns:
         for event in self.events:
             self.drv.cuEventDestroy_v2(event)
         self.drv.cuMemFreeHost(self.buffers)
-
-
-class Readback(PinnedTurns):
-    """Token ids copied back from the device while the stream goes on, through two pinned slots in
-    turn (one may still be unread when the next copy is queued). Made with the Device on the driver's
-    init thread (backends.BackendStart): a greedy generation's first choice comes back through it,
-    so making it later would put a pinned allocation between the prompt's pass and the first token."""
-
-    def __init__(self, device):
-        super().__init__(device, 4)
-        self.stream = device.stream
-
-    def copy(self, src: int) -> Callable[[], int]:
-        """Queue a copy of the int32 at src; the function returned waits for it and returns it."""
-        drv, (slot, event) = self.drv, self.take()
-        drv.cuMemcpyDtoHAsync_v2(slot, src, 4, self.stream)
-        drv.cuEventRecord(event, self.stream)
-
-        def wait() -> int:
-            drv.cuEventSynchronize(event)
-            return c_int32.from_address(slot).value
-
-        return wait
 
 
 class Region:

@@ -17,7 +17,7 @@ from ...ops import SAMPLED, Batch, CacheShape, Rope, RopeMode, StateArray
 from .delta_net import DeltaNetOps, RecurrentState, carve_states, check_shape, chunk_scratch_bytes
 from .device import Device
 from .experts import ExpertOps, yarn_args
-from .memory import Plan, Pool, Readback, Region, Tensor, aligned
+from .memory import Plan, Pool, Region, Tensor, aligned
 from .upload import Copy, Upload
 
 # types with their own kernels (kernels/quant_blocks.cuh); the rest become F16 at load
@@ -288,12 +288,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
     name = "cuda"
     max_batch = MAX_BATCH
 
-    def __init__(self, device: Device | None = None, readback: Readback | None = None):
+    def __init__(self, device: Device | None = None):
         self.device = device or Device()
         self.device.make_current()
-        # the slots the sampler reads its device-made choices back through (cuda/sampler.py): given when
-        # made beside the Device on the driver's init thread (backends.BackendStart), else made here
-        self.readback = readback or Readback(self.device)
         self._weights = self._cache = self._scratch = self._small = self._large = None
         self._allocations: list[Region] = []  # reserve's device memory, in one allocation a region
         self._positions = None  # (sequence, device copy) of the last rope call: q and k share it
@@ -303,6 +300,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._upload_ms: float | None = None
         self._arriving: dict[int, tuple[int, memoryview]] = {}  # weight address -> (its copy, its bytes) until first read
         self._captured_ints: dict[str, list[int]] | None = None  # while graph.py captures a pass
+        self._readback = None  # pinned slots the sampler reads its device-made choices back through (cuda/sampler.py), made at its first `ahead`
         self._held_rope: HeldRope | None = None  # q and k's rope while the device holds its launch back
         self._held_product: HeldProduct | None = None  # a residual's matvec while the device holds its launch back
         self._pending_norm: PendingNorm | None = None  # its norm, while the device holds both
@@ -400,7 +398,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
             self._upload.close()
             self._upload = None
         self.device.synchronize()
-        self.readback.close()
+        if self._readback is not None:
+            self._readback.close()
+            self._readback = None
         for region in self._allocations:
             self.device.free(region.base)
         self._allocations = []

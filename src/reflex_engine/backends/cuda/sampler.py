@@ -17,7 +17,7 @@ from typing import Callable
 from ...errors import ReflexError
 from ...kvstate import restorable, sampler_state
 from ...sampling import SamplingParams, candidate_distribution
-from .memory import Tensor
+from .memory import PinnedTurns, Tensor
 from .ops import TOP_K_MAX, CudaOps
 
 
@@ -47,7 +47,11 @@ class CudaSampler:
             return None
         ops = self.ops
         ops.device.launch("argmax_rows", (1,), 1024, (logits.row(logits.rows - 1), logits.cols, ops._top))
-        return ops.readback.copy(ops._top)
+        # made at the first choice, while the host waits for the pass anyway: on the driver's init thread, which
+        # the first token waits for, it took ~1.2 ms (H200, docs/perf-notes.md run 25)
+        if ops._readback is None:
+            ops._readback = Readback(ops.device)
+        return ops._readback.copy(ops._top)
 
     def distribution(self, row: int, n_vocab: int, mask=None) -> tuple[list[int], list[float]]:
         """(ids, probabilities) after every filter; greedy gives ([argmax], [1.0]). mask: the tokens
@@ -126,3 +130,24 @@ class CudaSampler:
         except (TypeError, ValueError):
             raise ReflexError("the KV state's sampler state is damaged") from None
         return True
+
+
+class Readback(PinnedTurns):
+    """Token ids copied back from the device while the stream goes on, through two pinned slots in
+    turn (one may still be unread when the next copy is queued)."""
+
+    def __init__(self, device):
+        super().__init__(device, 4)
+        self.stream = device.stream
+
+    def copy(self, src: int) -> Callable[[], int]:
+        """Queue a copy of the int32 at src; the function returned waits for it and returns it."""
+        drv, (slot, event) = self.drv, self.take()
+        drv.cuMemcpyDtoHAsync_v2(slot, src, 4, self.stream)
+        drv.cuEventRecord(event, self.stream)
+
+        def wait() -> int:
+            drv.cuEventSynchronize(event)
+            return ctypes.c_int32.from_address(slot).value
+
+        return wait
