@@ -61,91 +61,119 @@ __device__ __forceinline__ int split_length(int start, int n_tok) {
     return max(ATTN_SPLIT_MIN_SLOTS, (start + n_tok + (int)gridDim.z - 1) / (int)gridDim.z);
 }
 
-// One (query token, query head, split) for a block: see `attention`. nk, nv (head widths / 32)
-// are literals at the common call sites, so the per-lane loops below shrink to them there. STEP
-// slots at a time, so that their loads are in flight together.
-template <int STEP, class Where>
+// n halves at p as floats' sources: one 16-byte load where they are 8 (p is then 16-byte aligned: a row's
+// piece of 8 dims), else one by one, past n re-reading the last (finite; its q is 0 or its acc never stored).
+template <int L>
+__device__ __forceinline__ void load_halves(const __half* p, int n, __half (&x)[L]) {
+    if (L == 8 && n == 8) {
+        const uint4 w = *reinterpret_cast<const uint4*>(p);
+        memcpy(x, &w, sizeof(w));
+    } else {
+#pragma unroll
+        for (int e = 0; e < L; ++e) x[e] = p[min(e, n - 1)];
+    }
+}
+
+// One (query token, query head, split) for a block: see `attention`. A group of G lanes takes one slot,
+// lane li of it dims li·nk .. li·nk + nk - 1 of q and K, li·nv .. of V and the output (nk, nv <= KL, VL:
+// literals at the common call sites, so the per-lane loops shrink to them there), so a warp takes 32 / G
+// slots at once and a slot's score is a sum over G lanes. Why: with a lane a dim of every 32 (G = 32, 2-byte
+// loads) the kernel was bound by issuing instructions at a 4,096-token context, ~89 a slot and head (H200
+// ncu, docs/perf-notes.md run 24); 8 consecutive dims a lane make one 16-byte load of a K or V row's
+// piece and a 4-step sum for 128-wide heads. STEP runs of 32 / G slots at a time, their loads in flight
+// together.
+template <int STEP, int G, int KL, int VL, class Where>
 __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
                                        const __half* v_cache, const int* slot_seg, const int* seg,
                                        float* out, Where partial_at, int start, int n_tok, int n_heads,
                                        int n_kv_heads, int nk, int nv, float scale, AttnMerge& merge,
                                        uint8_t* xq, float2* xds) {
+    static_assert(WARP % G == 0 && G * KL <= ATTN_MAX_PER_LANE * WARP && G * VL <= ATTN_MAX_PER_LANE * WARP, "a warp's slots");
+    constexpr int SPW = WARP / G, RUN = STEP * SPW;  // slots a warp takes at once, and in a step
     const int i = blockIdx.x, h = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, gi = lane / G, li = lane % G;
     const int split_len = split_length(start, n_tok);
     const int last = start + i, first = split * split_len, end = min(first + split_len - 1, last);
     if (first > end) {  // a split past the query's slot: weight 0 in the combine, which skips its acc
         if (threadIdx.x == 0) *partial_at().pair = make_float2(-INFINITY, 0.0f);
         return;
     }
-    const int dk = nk * WARP, dv = nv * WARP, kv_head = h / (n_heads / n_kv_heads);
+    const int dk = nk * G, dv = nv * G, kv_head = h / (n_heads / n_kv_heads);
     const size_t k_width = (size_t)n_kv_heads * dk, v_width = (size_t)n_kv_heads * dv;
 
-    // Lane l holds dims l, l+32, ... of q and of the output. Loops run over all
-    // ATTN_MAX_PER_LANE entries without branches: past nk, q is 0 (and K, re-read from a real
-    // dim, finite); past nv, acc is never stored.
-    const float* q_row = q + ((size_t)i * n_heads + h) * dk + lane;
-    float qv[ATTN_MAX_PER_LANE], acc[ATTN_MAX_PER_LANE];
+    const float* q_row = q + ((size_t)i * n_heads + h) * dk + li * nk;
+    float qv[KL], acc[VL];
 #pragma unroll
-    for (int e = 0; e < ATTN_MAX_PER_LANE; ++e) {
-        qv[e] = e < nk ? q_row[e * WARP] : 0.0f;
-        acc[e] = 0.0f;
-    }
+    for (int e = 0; e < KL; ++e) qv[e] = e < nk ? q_row[e] : 0.0f;
+#pragma unroll
+    for (int e = 0; e < VL; ++e) acc[e] = 0.0f;
 
     const int own_seg = seg[i];
-    const __half* k_head = k_cache + (size_t)kv_head * dk + lane;
-    const __half* v_head = v_cache + (size_t)kv_head * dv + lane;
-    float run_max = -INFINITY, run_sum = 0.0f;
-    for (int j0 = first + warp * STEP; j0 <= end; j0 += ATTN_WARPS * STEP) {
-        // Every load of the step first and unconditionally, so they are in flight together:
-        // slots past `end` re-read it, unused dims re-read the last one. Then the scores,
-        // with hidden slots at -inf.
-        __half kx[STEP][ATTN_MAX_PER_LANE], vx[STEP][ATTN_MAX_PER_LANE];
+    const __half* k_head = k_cache + (size_t)kv_head * dk + li * nk;
+    const __half* v_head = v_cache + (size_t)kv_head * dv + li * nv;
+    float run_max = -INFINITY, run_sum = 0.0f;  // this lane group's
+    for (int j0 = first + warp * RUN; j0 <= end; j0 += ATTN_WARPS * RUN) {
+        // Every load of the step first and unconditionally, so they are in flight together: slots past
+        // `end` re-read it. Then the scores, with hidden slots at -inf.
+        __half kx[STEP][KL], vx[STEP][VL];
         int slot_s[STEP];
 #pragma unroll
         for (int u = 0; u < STEP; ++u) {
-            const int j = min(j0 + u, end);
+            const int j = min(j0 + u * SPW + gi, end);
             slot_s[u] = slot_seg[j];
-#pragma unroll
-            for (int e = 0; e < ATTN_MAX_PER_LANE; ++e) {
-                kx[u][e] = k_head[j * k_width + min(e, nk - 1) * WARP];
-                vx[u][e] = v_head[j * v_width + min(e, nv - 1) * WARP];
-            }
+            load_halves<KL>(k_head + j * k_width, nk, kx[u]);
+            load_halves<VL>(v_head + j * v_width, nv, vx[u]);
         }
         float score[STEP], step_max = run_max;
 #pragma unroll
         for (int u = 0; u < STEP; ++u) {
             float dot = 0.0f;
 #pragma unroll
-            for (int e = 0; e < ATTN_MAX_PER_LANE; ++e) dot += qv[e] * __half2float(kx[u][e]);
-            dot = warp_sum(dot) * scale;
-            const bool seen = j0 + u <= end && (slot_s[u] == 0 || slot_s[u] == own_seg);
-            score[u] = seen ? dot : -INFINITY;
+            for (int e = 0; e < KL; ++e) dot += qv[e] * __half2float(kx[u][e]);
+#pragma unroll
+            for (int o = G / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            const bool seen = j0 + u * SPW + gi <= end && (slot_s[u] == 0 || slot_s[u] == own_seg);
+            score[u] = seen ? dot * scale : -INFINITY;
             step_max = fmaxf(step_max, score[u]);
         }
         const float rescale = weight_of(run_max, step_max);
         run_sum *= rescale;
 #pragma unroll
-        for (int e = 0; e < ATTN_MAX_PER_LANE; ++e) acc[e] *= rescale;
+        for (int e = 0; e < VL; ++e) acc[e] *= rescale;
 #pragma unroll
         for (int u = 0; u < STEP; ++u) {
             const float p = weight_of(score[u], step_max);
             run_sum += p;
 #pragma unroll
-            for (int e = 0; e < ATTN_MAX_PER_LANE; ++e) acc[e] += p * __half2float(vx[u][e]);
+            for (int e = 0; e < VL; ++e) acc[e] += p * __half2float(vx[u][e]);
         }
         run_max = step_max;
     }
 
-    if (lane == 0) merge.max[warp] = run_max, merge.sum[warp] = run_sum;
+    // The warp's lane groups merged (each group's sum and acc weighted to the largest max), then the warps.
+    float m = run_max;
 #pragma unroll
-    for (int e = 0; e < ATTN_MAX_PER_LANE; ++e)
-        if (e < nv) merge.acc[warp][e * WARP + lane] = acc[e];
+    for (int o = G; o < WARP; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float own = weight_of(run_max, m);
+    run_sum *= own;
+#pragma unroll
+    for (int e = 0; e < VL; ++e) acc[e] *= own;
+#pragma unroll
+    for (int o = G; o < WARP; o <<= 1) {
+        run_sum += __shfl_xor_sync(0xffffffffu, run_sum, o);
+#pragma unroll
+        for (int e = 0; e < VL; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
+    }
+    if (lane == 0) merge.max[warp] = m, merge.sum[warp] = run_sum;
+    if (lane < G)
+#pragma unroll
+        for (int e = 0; e < VL; ++e)
+            if (e < nv) merge.acc[warp][li * nv + e] = acc[e];
     __syncthreads();
 
     // A warp that saw no slot has max -inf and weighs 0. With one split, some warp saw the
     // query's own slot; with more, a split whose slots are all hidden has max -inf and sum 0.
-    float m = merge.max[0];
+    m = merge.max[0];
 #pragma unroll
     for (int w = 1; w < ATTN_WARPS; ++w) m = fmaxf(m, merge.max[w]);
     float wt[ATTN_WARPS], total = 0.0f;
@@ -167,23 +195,28 @@ __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
 }
 
 // attend at the head widths' literals: see it. partial_at() gives where a split of several leaves its
-// partial: worked out there, at the end, since a pointer held through attend's loop spills.
+// partial: worked out there, at the end, since a pointer held through attend's loop spills. A warp's step
+// is 8 slots where a row's piece is 8 dims of 64- or 128-wide heads (ATTN_SPLIT_MIN_SLOTS: a split's
+// 32 slots are one step of each warp); the other widths take a slot a warp, 2 a step, with up to
+// ATTN_MAX_PER_LANE dims a lane, so that their registers (which size the whole kernel's) stay in check.
 template <class Where>
 __device__ __forceinline__ void attend_any(const float* q, const __half* k_cache, const __half* v_cache,
                                            const int* slot_seg, const int* seg, float* out, Where partial_at,
                                            int start, int n_tok, int n_heads, int n_kv_heads, int dk, int dv,
                                            float scale, AttnMerge& merge, uint8_t* xq, float2* xds) {
-    // The other widths keep all ATTN_MAX_PER_LANE dims a lane, so a shorter step keeps their
-    // registers (which size the whole kernel's) in check.
     if (dk == 64 && dv == 64)
-        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, partial_at, start, n_tok, n_heads, n_kv_heads,
-                  2, 2, scale, merge, xq, xds);
+        attend<2, 8, 8, 8>(q, k_cache, v_cache, slot_seg, seg, out, partial_at, start, n_tok, n_heads, n_kv_heads,
+                           8, 8, scale, merge, xq, xds);
     else if (dk == 128 && dv == 128)
-        attend<8>(q, k_cache, v_cache, slot_seg, seg, out, partial_at, start, n_tok, n_heads, n_kv_heads,
-                  4, 4, scale, merge, xq, xds);
+        attend<4, 16, 8, 8>(q, k_cache, v_cache, slot_seg, seg, out, partial_at, start, n_tok, n_heads, n_kv_heads,
+                            8, 8, scale, merge, xq, xds);
+    else if (dk == 256 && dv == 256)
+        attend<2, WARP, 8, 8>(q, k_cache, v_cache, slot_seg, seg, out, partial_at, start, n_tok, n_heads, n_kv_heads,
+                              8, 8, scale, merge, xq, xds);
     else
-        attend<2>(q, k_cache, v_cache, slot_seg, seg, out, partial_at, start, n_tok, n_heads, n_kv_heads,
-                  dk / WARP, dv / WARP, scale, merge, xq, xds);
+        attend<2, WARP, ATTN_MAX_PER_LANE, ATTN_MAX_PER_LANE>(q, k_cache, v_cache, slot_seg, seg, out, partial_at, start,
+                                                              n_tok, n_heads, n_kv_heads, dk / WARP, dv / WARP, scale,
+                                                              merge, xq, xds);
 }
 
 // The partials `attention`'s splits of one (query, head) left in global memory (AttnPartials, from row0):
