@@ -323,9 +323,10 @@ def test_a_norm_whose_output_something_else_reads_first_runs_as_it_is(fake):  # 
 
 def test_a_decode_steps_attention_splits_its_bucket_of_slots_not_the_whole_cache(fake):  # noqa: F811
     """One token's attention grid covers the slots up to a power of two past its own (256 at least,
-    the cache's capacity at most), 128 a split but 8 splits at least (of 32 slots at least), 64 at most; so
-    does its graph's shape, which a step replays until the next bucket's. Prompts split the slots they reach.
-    On sm_90 (the fake's), up to 8 splits are one cluster's blocks (attention_cluster), more merge through memory."""
+    the cache's capacity at most), 128 a split but 8 splits at least (of 32 slots at least); so does its
+    graph's shape, which a step replays until the next bucket's. Prompts split the slots they reach. On
+    sm_90 (the fake's), up to 8 splits are one cluster's blocks (attention_cluster); more merge through
+    memory, and then as many as fill one wave of the SMs at 5 blocks an SM (4 heads on 20 SMs: 25), 64 at most."""
     from reflex_engine.backends.cuda.graph import pass_shape
 
     lib = fake()
@@ -334,14 +335,15 @@ def test_a_decode_steps_attention_splits_its_bucket_of_slots_not_the_whole_cache
     ops.reserve([(GGMLType.F32, (64,))], shape, activation_width=2048)
     cache = ops.new_kv_cache(shape)
     q, kv = ops.from_host(np.ones((1, 512), np.float32)), ops.from_host(np.ones((1, 128), np.float32))
+    ops.device.info = ops.device.info._replace(multiprocessors=20)
     splits = {}
-    for start in (0, 100, 255, 256, 1000, 3000, 4351):
+    for start in (0, 100, 255, 256, 1000, 1024, 3000, 4351):
         lib.launches = []
         ops.attention(q, kv, kv, cache=cache, layer=0, batch=Batch.causal([0], start), n_heads=4, n_kv_heads=1, scale=0.1)
         splits[start] = next((name, grid[2]) for name, grid, *_ in lib.launches if name.startswith("attention"))
-    cluster = ("attention_cluster", 8)
-    assert splits == {0: cluster, 100: cluster, 255: cluster, 256: cluster, 1000: cluster, 3000: ("attention", 32),
-                      4351: ("attention", 34)}
+    cluster, wave = ("attention_cluster", 8), ("attention", 25)
+    assert splits == {0: cluster, 100: cluster, 255: cluster, 256: cluster, 1000: cluster, 1024: wave, 3000: wave,
+                      4351: wave}
     one = [pass_shape(Batch.causal([0], start), [0]) for start in (1, 100, 255, 256, 511, 512)]
     assert one[0] == one[1] == one[2] != one[3] == one[4] != one[5]
     assert pass_shape(Batch.causal([0], 0), [0]) != one[0]  # a fresh recurrent state

@@ -81,6 +81,12 @@ ATTENTION_MAX_SPLITS, ATTENTION_SPLIT_SLOTS, ATTENTION_PARTIALS_BYTES = 64, 32, 
 # Q4_K_M, decode tok/s at a 128-token context (256 slots) 1,243 / 388 with 8 splits, 1,088 / 367 with 1; at 4,096
 # (4,352 slots) 829 / 291 with 64, 890 / 309 with 34 (docs/perf-notes.md run 16)
 ATTENTION_SPLIT_TARGET, ATTENTION_MIN_SPLITS = 128, 8
+# a decode step whose slots take more than ATTENTION_MIN_SPLITS splits takes as many as fill one wave of the SMs at
+# the kernel's blocks an SM (its launch bounds), whatever the slots: a second wave's blocks waited for the first's.
+# H200, Q4_K_M decode tok/s at 2,048 / 4,096 / 8,192 tokens of context in an 8,704-slot cache, 8B (20 splits) 397.5 /
+# 374.8 / 337.5 against 385.7 / 338.2 / 305.0 with 128 slots a split, 0.6B (41) 1,138 / 1,047 / 906 against 1,133 /
+# 931 / 813 (docs/perf-notes.md run 25)
+ATTENTION_BLOCKS_AN_SM = 5
 # on sm_90+, up to this many splits run as one cluster of as many blocks (kernels/attention.cu attention_cluster),
 # merged through distributed shared memory instead of by the last split to finish through global memory
 ATTENTION_CLUSTER_SPLITS = 8
@@ -858,6 +864,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 kernel, splits = "attention_cluster", ATTENTION_CLUSTER_SPLITS
             else:
                 kernel = "attention"
+                if t == 1 and splits > ATTENTION_MIN_SPLITS:
+                    splits = ATTENTION_BLOCKS_AN_SM * dev.info.multiprocessors // n_heads
                 splits = max(1, min(ATTENTION_MAX_SPLITS, splits, ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (dv + 2))))
                 if t * n_heads > SPLIT_COUNTS:
                     splits = 1
