@@ -79,7 +79,8 @@ PREFILL_ATTENTION_MIN_TOKENS = 64  # kernels/attention_prefill.cu, 64 queries a 
 ATTENTION_MAX_SPLITS, ATTENTION_SPLIT_SLOTS, ATTENTION_PARTIALS_BYTES = 64, 32, 4 << 20
 # splits of ATTENTION_SPLIT_TARGET slots, but ATTENTION_MIN_SPLITS where the slots allow: H200, Qwen3 0.6B and 8B
 # Q4_K_M, decode tok/s at a 128-token context (256 slots) 1,243 / 388 with 8 splits, 1,088 / 367 with 1; at 4,096
-# (4,352 slots) 829 / 291 with 64, 890 / 309 with 34 (docs/perf-notes.md run 16)
+# (4,352 slots) 829 / 291 with 64, 890 / 309 with 34 (docs/perf-notes.md run 16; a decode step past 8 splits now
+# fills a wave instead, below)
 ATTENTION_SPLIT_TARGET, ATTENTION_MIN_SPLITS = 128, 8
 # a decode step whose slots take more than ATTENTION_MIN_SPLITS splits takes as many as fill one wave of the SMs at
 # the kernel's blocks an SM (its launch bounds), whatever the slots: a second wave's blocks waited for the first's.
