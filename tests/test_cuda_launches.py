@@ -25,7 +25,7 @@ from test_cuda_errors import MODEL
 
 
 @pytest.fixture
-def record(fake, monkeypatch):  # noqa: F811
+def record(fake, monkeypatch):
     """The model on the fake GPU, eager (no decode graph), and the names of its launches."""
     fake()
     monkeypatch.setenv("REFLEX_CUDA_GRAPHS", "0")
@@ -42,7 +42,7 @@ def record(fake, monkeypatch):  # noqa: F811
 
 
 @pytest.fixture
-def graphed(fake, monkeypatch):  # noqa: F811
+def graphed(fake, monkeypatch):
     """The model on the fake GPU with graphs on, and what its passes did: "capture" and "replay"
     for each graph captured and launched."""
     lib = fake()
@@ -190,7 +190,7 @@ def rope_then(lib, then):
             for name, *_, args in lib.launches], cache
 
 
-def test_only_the_first_rope_of_a_passs_positions_works_out_their_angles(fake):  # noqa: F811
+def test_only_the_first_rope_of_a_passs_positions_works_out_their_angles(fake):
     """kernels/elementwise.cu rope_angles: the pass's first rope writes the angles' table, the later ones of the
     same positions and parameters read it (angles_ready); new positions (the next pass's upload) or another base,
     not."""
@@ -214,7 +214,7 @@ def attend(ops, q, k, v, cache):
     ops.attention(q, k, v, cache=cache, layer=0, batch=Batch.causal(range(8), 0), n_heads=4, n_kv_heads=2, scale=0.125)
 
 
-def test_the_rope_of_q_and_k_writes_k_and_v_to_the_cache_for_the_attention_after_it(fake):  # noqa: F811
+def test_the_rope_of_q_and_k_writes_k_and_v_to_the_cache_for_the_attention_after_it(fake):
     """ops.ropes holds its launch back (Device.hold); the attention after it makes it with the layer's
     cache, so that it writes what kv_store would have: one launch fewer a layer."""
     launches, cache = rope_then(fake(), attend)
@@ -223,7 +223,7 @@ def test_the_rope_of_q_and_k_writes_k_and_v_to_the_cache_for_the_attention_after
 
 @pytest.mark.parametrize("between,first", [("an op", "add_f32"), ("an upload", "upload"), ("a download", "download"),
                                            ("a poison", "memset")])
-def test_a_held_rope_runs_before_anything_that_could_read_its_output(fake, between, first):  # noqa: F811
+def test_a_held_rope_runs_before_anything_that_could_read_its_output(fake, between, first):
     """Anything else the stream does first makes the rope as it is, before it: then the attention
     stores k and v itself."""
     lib = fake()
@@ -277,7 +277,7 @@ def norm_between_matvecs(lib, then):
             (name, arg(args, 5) if name == "norm_f32" else None, None) for name, *_, args in lib.launches]
 
 
-def test_a_norm_between_one_tokens_matvecs_is_theirs(fake):  # noqa: F811
+def test_a_norm_between_one_tokens_matvecs_is_theirs(fake):
     """The matvec making the norm's input writes the int16 blocks of x∘w and each group's sum of squares,
     the matvecs reading its output scale their sums by the norm's: no norm launch (x16.cuh NormOut). Its
     float values are made, without int16 blocks, only once something asks for their address."""
@@ -292,7 +292,7 @@ def test_a_norm_between_one_tokens_matvecs_is_theirs(fake):  # noqa: F811
     assert launches[1:] == [("matvec_x16_1_q4_K", True, False), ("matvec_x16_1_q4_K", False, True), ("norm_f32", False, None)]
 
 
-def test_the_int16_matvec_writes_a_norms_share_only_in_one_wave_of_blocks(fake):  # noqa: F811
+def test_the_int16_matvec_writes_a_norms_share_only_in_one_wave_of_blocks(fake):
     """matvec_x16_1's blocks of 4 rows each take a ticket for their group (a fence): past the blocks the SMs hold
     at once (ops.X16_DECODE_BLOCKS_AN_SM, 6 on the fake's 132) that held the next wave back, so a wider product
     leaves its norm to a launch of its own; the tensor-core kernels hold whole groups and take no tickets."""
@@ -314,14 +314,14 @@ def test_the_int16_matvec_writes_a_norms_share_only_in_one_wave_of_blocks(fake):
     assert fused == [True, False, True]
 
 
-def test_a_norm_whose_output_something_else_reads_first_runs_as_it_is(fake):  # noqa: F811
+def test_a_norm_whose_output_something_else_reads_first_runs_as_it_is(fake):
     """Any other op first makes the held matvec and the norm as they are, before it."""
     launches = norm_between_matvecs(fake(), lambda ops, normed, w: ops.matmul(ops.add(normed, normed), w))
     assert [name for name, *_ in launches[1:]] == ["matvec_x16_1_q4_K", "norm_f32", "add_f32", "quantize_x16", "matvec_x16_1_q4_K"]
     assert launches[1] == ("matvec_x16_1_q4_K", False, False) and launches[2] == ("norm_f32", True, None)
 
 
-def test_a_decode_steps_attention_splits_its_bucket_of_slots_not_the_whole_cache(fake):  # noqa: F811
+def test_a_decode_steps_attention_splits_its_bucket_of_slots_not_the_whole_cache(fake):
     """One token's attention grid covers the slots up to a power of two past its own (256 at least,
     the cache's capacity at most), 128 a split but 8 splits at least (of 32 slots at least); so does its
     graph's shape, which a step replays until the next bucket's. Prompts split the slots they reach. On
@@ -367,7 +367,7 @@ def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
     assert names.count("norm_f32") == 1 and "quantize_x16" not in names
 
 
-def test_bench_times_decode_steps_that_replay_graphs_captured_in_its_warm_ups(fake, monkeypatch):  # noqa: F811
+def test_bench_times_decode_steps_that_replay_graphs_captured_in_its_warm_ups(fake, monkeypatch):
     """`reflex bench` times warm decoding: no graph is captured inside a timed decode run (a capture is an eager
     pass and an instantiation; run 22's 8B bench timed the first step's in its one 64-token run, 9.5 ms)."""
     from reflex_engine.backends.cuda import graph as graph_module
@@ -392,7 +392,7 @@ def test_bench_times_decode_steps_that_replay_graphs_captured_in_its_warm_ups(fa
     assert [c for c in captured if c[0]] == []
 
 
-def test_a_prompt_chunk_whose_logits_no_one_wants_multiplies_no_head(fake, monkeypatch):  # noqa: F811
+def test_a_prompt_chunk_whose_logits_no_one_wants_multiplies_no_head(fake, monkeypatch):
     """A prompt longer than a pass (ops.MAX_BATCH) runs in chunks; the first one's logits rows are none, and
     its head matmul is of 0 rows: nothing launched, whichever kernel one row would take."""
     fake()
@@ -428,7 +428,7 @@ def test_a_short_prompts_gemm_splits_the_columns_of_weights_too_small_to_fill_th
 
 
 @pytest.mark.parametrize("capability", [(9, 0), (8, 9)])
-def test_rows_of_4096_columns_or_more_take_the_tensor_core_kernels(fake, monkeypatch, capability):  # noqa: F811
+def test_rows_of_4096_columns_or_more_take_the_tensor_core_kernels(fake, monkeypatch, capability):
     """One token's Q4_K matvec (kernels/matvec_x16_mma.cu) and a short prompt's Q4_K and Q8_0 GEMM
     (kernels/gemm_frag.cu) run on tensor cores for rows of ops.MMA_MIN_COLS columns or more; narrower rows
     and the other types keep the int16 matvec and gemm.cu, faster there on the H200 (docs/perf-notes.md run 10).

@@ -55,7 +55,7 @@ def test_the_memory_plan_names_what_does_not_fit():
 
 # -- giving the device back (through conftest.py's fake libcuda, which keeps the books) ----
 
-def loaded_and_used(fake):  # noqa: F811
+def loaded_and_used(fake):
     import reflex_engine
     from reflex_engine.sampling import SamplingParams
     from test_goldens import paths
@@ -68,7 +68,7 @@ def loaded_and_used(fake):  # noqa: F811
     return lib, model
 
 
-def test_a_closed_model_gives_back_its_memory_pinned_pages_and_context(fake):  # noqa: F811
+def test_a_closed_model_gives_back_its_memory_pinned_pages_and_context(fake):
     lib, model = loaded_and_used(fake)
     assert lib._host  # the captured decode step's pinned buffer
     model.close()
@@ -78,7 +78,7 @@ def test_a_closed_model_gives_back_its_memory_pinned_pages_and_context(fake):  #
     model.close()  # a second close does nothing (a double free would fail in the fake)
 
 
-def test_a_backend_reserves_memory_for_one_model_only(fake):  # noqa: F811
+def test_a_backend_reserves_memory_for_one_model_only(fake):
     """A second reserve would leave the first one's regions allocated with nothing pointing at them."""
     from reflex_engine.backends import create_backend
     from reflex_engine.gguf import GGMLType
@@ -95,7 +95,7 @@ def test_a_backend_reserves_memory_for_one_model_only(fake):  # noqa: F811
     assert lib.live == {}
 
 
-def test_a_dropped_model_gives_its_memory_back_too(fake):  # noqa: F811
+def test_a_dropped_model_gives_its_memory_back_too(fake):
     import gc
 
     lib, model = loaded_and_used(fake)
@@ -104,7 +104,7 @@ def test_a_dropped_model_gives_its_memory_back_too(fake):  # noqa: F811
     assert lib.live == {} and lib.registered == {} and lib.contexts == 0
 
 
-def test_a_model_as_a_context_manager_closes_at_the_end(fake):  # noqa: F811
+def test_a_model_as_a_context_manager_closes_at_the_end(fake):
     import reflex_engine
     from test_goldens import paths
 
@@ -114,7 +114,7 @@ def test_a_model_as_a_context_manager_closes_at_the_end(fake):  # noqa: F811
     assert lib.live == {} and lib.contexts == 0
 
 
-def test_closing_a_model_whose_device_failed_is_quiet(fake, capsys):  # noqa: F811
+def test_closing_a_model_whose_device_failed_is_quiet(fake, capsys):
     lib, model = loaded_and_used(fake)
     from reflex_engine.backends.cuda.driver import CudaError
 

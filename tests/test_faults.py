@@ -131,7 +131,7 @@ def test_a_kv_state_file_changed_while_it_is_imported(model, tmp_path, change):
 
 
 @pytest.mark.parametrize("fail_at", [1, 3, 6])
-def test_cuda_out_of_memory_mid_load_is_one_line(fake, capsys, fail_at):  # noqa: F811
+def test_cuda_out_of_memory_mid_load_is_one_line(fake, capsys, fail_at):
     """The memory plan passed (free memory looked enough), then the fail_at-th cuMemAlloc of the
     load fails, as when another process took the memory meanwhile: one line, no allocation after
     the failed one, and the ones before it given back (a Python caller that catches the error and

@@ -82,7 +82,7 @@ def generations(model, lengths=(1, 5, 16, 40, 70, 130)):
 @pytest.mark.parametrize("arch,qtype", [("qwen3", "Q4_K"), ("qwen35", "Q8_0"), ("qwen3moe", "Q8_0"),
                                         ("deepseek2", "Q8_0")])
 @pytest.mark.parametrize("graphs", ["1", "0"])
-def test_every_launch_passes_one_buffer_the_size_of_its_kernels_parameters(fake, monkeypatch, arch, qtype, graphs):  # noqa: F811
+def test_every_launch_passes_one_buffer_the_size_of_its_kernels_parameters(fake, monkeypatch, arch, qtype, graphs):
     """Prompts that take every matmul and attention path, decode steps eager or captured (those
     through cuLaunchKernelEx), sampling with penalties and log-probabilities: the fake refuses any
     launch whose buffer is not its kernel's size, and each launch's letters are the C signature's."""
@@ -96,7 +96,7 @@ def test_every_launch_passes_one_buffer_the_size_of_its_kernels_parameters(fake,
     assert {name: k.fmt for name, k in model.ops.device._kernels.items()} == {name: SOURCE[name] for name in launched}
 
 
-def recorded(fake, **machine):  # noqa: F811
+def recorded(fake, **machine):
     lib = fake(**machine)
     lib.launches = []
     model = reflex_engine.load(paths("qwen3", "Q4_K")[0], device="cuda")
@@ -105,18 +105,18 @@ def recorded(fake, **machine):  # noqa: F811
 
 
 @pytest.mark.parametrize("machine", [dict(param_info=False), dict(param_info_error=801)])
-def test_a_driver_without_parameter_tables_gets_the_same_bytes(fake, machine):  # noqa: F811
+def test_a_driver_without_parameter_tables_gets_the_same_bytes(fake, machine):
     """A driver older than CUDA 12.4 (no cuFuncGetParamInfo), or one that will not answer: the
     natural layout, which is what the kernels' tables say."""
     assert recorded(fake, **machine) == recorded(fake)
 
 
-def device(fake, **machine):  # noqa: F811
+def device(fake, **machine):
     lib = fake(**machine)
     return lib, Device(driver.Driver(driver.load_library()))
 
 
-def test_the_buffer_follows_the_drivers_offsets_and_pads_as_c(fake):  # noqa: F811
+def test_the_buffer_follows_the_drivers_offsets_and_pads_as_c(fake):
     lib, dev = device(fake)
     lib.launches = []
     dev.launch("rope_yarn_f32", (1,), 32, (1, 2, 3, 0, 128, 64, True, 1e6, 0.5, 1.0, 2.0, 3.0, 0.75))
@@ -130,7 +130,7 @@ def test_the_buffer_follows_the_drivers_offsets_and_pads_as_c(fake):  # noqa: F8
                                                                              struct.pack("<i", 3))
 
 
-def test_a_kernel_that_takes_other_parameters_is_an_error_naming_it(fake):  # noqa: F811
+def test_a_kernel_that_takes_other_parameters_is_an_error_naming_it(fake):
     lib, dev = device(fake)
     lib.formats["add_f32"] = "PPPi"  # an image whose add_f32 takes an int where Reflex passes an int64
     with pytest.raises(ReflexError, match=r"^kernel add_f32 takes 4 parameters of \[8, 8, 8, 4\] bytes .* Reflex passes 4 \(PPPq\)"):
@@ -145,7 +145,7 @@ def test_a_kernel_that_takes_other_parameters_is_an_error_naming_it(fake):  # no
 @pytest.mark.parametrize("args, why", [((1, 2, 3), "expected 4 items"), ((1, 2, 3, 4, 5), "expected 4 items"),
                                        ((1, 2, 3, 4.0), "not an integer"), ((1, None, 3, 4), "not an integer"),
                                        ((-1, 2, 3, 4), "out of range")])
-def test_arguments_that_do_not_fit_are_an_error_not_a_launch(fake, args, why):  # noqa: F811
+def test_arguments_that_do_not_fit_are_an_error_not_a_launch(fake, args, why):
     """A float for an int is refused, not reinterpreted; so are a wrong count and a negative pointer."""
     lib, dev = device(fake)
     lib.launches = []
@@ -154,7 +154,7 @@ def test_arguments_that_do_not_fit_are_an_error_not_a_launch(fake, args, why):  
     assert lib.launches == []
 
 
-def test_an_unknown_kernel_is_an_error(fake):  # noqa: F811
+def test_an_unknown_kernel_is_an_error(fake):
     _, dev = device(fake)
     with pytest.raises(ReflexError, match="kernel no_such_kernel is not in backends/cuda/params.py"):
         dev.launch("no_such_kernel", (1,), 32, ())
