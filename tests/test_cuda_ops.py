@@ -503,7 +503,7 @@ def test_attention_prefill_then_decode(gpu, n_heads, n_kv, d, segments, chunks):
     attention_matches_the_cpus(gpu, n_heads, n_kv, d, t + 3, steps)
 
 
-@pytest.mark.parametrize("n_heads,n_kv,d", [(4, 2, 128), (6, 2, 64), (2, 1, 96)])
+@pytest.mark.parametrize("n_heads,n_kv,d", [(4, 2, 128), (6, 2, 64), (2, 1, 96), (4, 2, 256)])
 def test_attention_at_a_long_context_over_many_splits(gpu, n_heads, n_kv, d):
     """Decode and short batches where the cache's slots are split over 64 blocks a (query, head)
     (kernels/attention.cu; a decode step's grid that of its bucket of slots) and the last split to finish
@@ -524,7 +524,7 @@ def test_decode_attention_at_the_first_slots_of_a_large_cache(gpu):
     attention_matches_the_cpus(gpu, 8, 2, 128, 4096, steps)
 
 
-@pytest.mark.parametrize("n_heads,n_kv,d", [(16, 8, 128), (4, 2, 64), (2, 1, 96)])
+@pytest.mark.parametrize("n_heads,n_kv,d", [(16, 8, 128), (4, 2, 64), (2, 1, 96), (4, 2, 256)])
 def test_splits_merged_in_a_cluster_give_the_bits_of_the_merge_through_memory(gpu, monkeypatch, n_heads, n_kv, d):
     """On sm_90, up to 8 splits of a (query, head) run as one cluster (kernels/attention.cu attention_cluster)
     whose first block merges the partials gathered in its shared memory, in the splits' order, as the last
