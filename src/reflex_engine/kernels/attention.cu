@@ -88,7 +88,8 @@ __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
                                        float* out, Where partial_at, int start, int n_tok, int n_heads,
                                        int n_kv_heads, int nk, int nv, float scale, AttnMerge& merge,
                                        uint8_t* xq, float2* xds) {
-    static_assert(WARP % G == 0 && G * KL <= ATTN_MAX_PER_LANE * WARP && G * VL <= ATTN_MAX_PER_LANE * WARP, "a warp's slots");
+    static_assert(WARP % G == 0 && G * KL <= ATTN_MAX_PER_LANE * WARP && G * VL <= ATTN_MAX_PER_LANE * WARP,
+                  "a warp's slots");
     constexpr int SPW = WARP / G, RUN = STEP * SPW;  // slots a warp takes at once, and in a step
     const int i = blockIdx.x, h = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, gi = lane / G, li = lane % G;
@@ -130,8 +131,7 @@ __device__ __forceinline__ void attend(const float* q, const __half* k_cache,
             float dot = 0.0f;
 #pragma unroll
             for (int e = 0; e < KL; ++e) dot += qv[e] * __half2float(kx[u][e]);
-#pragma unroll
-            for (int o = G / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            dot = warp_reduce<G>(dot, Sum());
             const bool seen = j0 + u * SPW + gi <= end && (slot_s[u] == 0 || slot_s[u] == own_seg);
             score[u] = seen ? dot * scale : -INFINITY;
             step_max = fmaxf(step_max, score[u]);
@@ -214,9 +214,9 @@ __device__ __forceinline__ void attend_any(const float* q, const __half* k_cache
         attend<2, WARP, 8, 8>(q, k_cache, v_cache, slot_seg, seg, out, partial_at, start, n_tok, n_heads, n_kv_heads,
                               8, 8, scale, merge, xq, xds);
     else
-        attend<2, WARP, ATTN_MAX_PER_LANE, ATTN_MAX_PER_LANE>(q, k_cache, v_cache, slot_seg, seg, out, partial_at, start,
-                                                              n_tok, n_heads, n_kv_heads, dk / WARP, dv / WARP, scale,
-                                                              merge, xq, xds);
+        attend<2, WARP, ATTN_MAX_PER_LANE, ATTN_MAX_PER_LANE>(q, k_cache, v_cache, slot_seg, seg, out, partial_at,
+                                                              start, n_tok, n_heads, n_kv_heads, dk / WARP, dv / WARP,
+                                                              scale, merge, xq, xds);
 }
 
 // The partials `attention`'s splits of one (query, head) left in global memory (AttnPartials, from row0):
@@ -291,8 +291,8 @@ __device__ __forceinline__ void ask_l2_for_earlier_slots(const __half* k_cache, 
 // decode step at a long context has blocks for every SM; their length comes from *start_at on
 // the device, so the grid (the host's choice, from the cache's capacity) fits every position a
 // captured step replays at. Each warp of a split runs an online softmax over its share of the
-// split's slots (runs of STEP consecutive ones, every ATTN_WARPS-th run), then the warps' results
-// are merged. One split writes out; more write partials (AttnPartials, in `partials`), a split
+// split's slots (runs of consecutive ones, every ATTN_WARPS-th run; a group of lanes a slot), then
+// the warps' results are merged. One split writes out; more write partials (AttnPartials, in `partials`), a split
 // past the query's slot only its (-inf, 0) pair, and the last of them to finish (counted in
 // counts[i * n_heads + h], which it sets back to 0 for the next launch) merges them into out
 // (combine_splits), in the splits' order: the result does not depend on which one is last.

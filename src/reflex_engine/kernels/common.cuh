@@ -26,11 +26,12 @@ struct Max {
     __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
-// Every lane gets op over the warp's 32 values.
-template <class T, class Op>
+// Every lane gets op over the warp's 32 values, or with LANES < WARP over its aligned group of LANES lanes'
+// (every lane of the warp calls it).
+template <int LANES = WARP, class T, class Op>
 __device__ __forceinline__ T warp_reduce(T v, Op op) {
 #pragma unroll
-    for (int o = WARP / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = LANES / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
