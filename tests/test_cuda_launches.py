@@ -326,24 +326,34 @@ def test_a_decode_steps_attention_splits_its_bucket_of_slots_not_the_whole_cache
     the cache's capacity at most), 128 a split but 8 splits at least (of 32 slots at least); so does its
     graph's shape, which a step replays until the next bucket's. Prompts split the slots they reach. On
     sm_90 (the fake's), up to 8 splits are one cluster's blocks (attention_cluster); more merge through
-    memory, and then as many as fill one wave of the SMs at 5 blocks an SM (4 heads on 20 SMs: 25), 64 at most."""
+    memory: 64- and 128-wide heads, 4 to 8 query heads a KV head, a block a KV head's group (attention_group,
+    128 slots a split, an even count); other heads a block a query head, as many splits as fill one wave of the
+    SMs at 5 blocks an SM (4 heads on 20 SMs: 25), 64 at most."""
     from reflex_engine.backends.cuda.graph import pass_shape
 
     lib = fake()
-    ops = ops_module.CudaOps()
-    shape = CacheShape(1, 4352, 128, 128)
-    ops.reserve([(GGMLType.F32, (64,))], shape, activation_width=2048)
-    cache = ops.new_kv_cache(shape)
-    q, kv = ops.from_host(np.ones((1, 512), np.float32)), ops.from_host(np.ones((1, 128), np.float32))
-    ops.device.info = ops.device.info._replace(multiprocessors=20)
-    splits = {}
-    for start in (0, 100, 255, 256, 1000, 1024, 3000, 4351):
-        lib.launches = []
-        ops.attention(q, kv, kv, cache=cache, layer=0, batch=Batch.causal([0], start), n_heads=4, n_kv_heads=1, scale=0.1)
-        splits[start] = next((name, grid[2]) for name, grid, *_ in lib.launches if name.startswith("attention"))
-    cluster, wave = ("attention_cluster", 8), ("attention", 25)
-    assert splits == {0: cluster, 100: cluster, 255: cluster, 256: cluster, 1000: cluster, 1024: wave, 3000: wave,
-                      4351: wave}
+    for d, n_kv, long in ((128, 1, "group"), (64, 1, "group"), (96, 1, "wave"), (128, 2, "wave"), (64, 1, "wave")):
+        ops = ops_module.CudaOps()
+        ops.device.info = ops.device.info._replace(multiprocessors=20)
+        shape = CacheShape(1, 4224, n_kv * d, n_kv * d)
+        ops.reserve([(GGMLType.F32, (64,))], shape, activation_width=2048)
+        cache = ops.new_kv_cache(shape)
+        n_heads = 16 if long == "wave" and d == 64 else 4  # 16 heads on one KV head: past a group; 4 on 2: short of one
+        q = ops.from_host(np.ones((1, n_heads * d), np.float32))
+        kv = ops.from_host(np.ones((1, n_kv * d), np.float32))
+        grids = {}
+        for start in (0, 100, 255, 256, 1000, 1024, 3000, 4223):
+            lib.launches = []
+            ops.attention(q, kv, kv, cache=cache, layer=0, batch=Batch.causal([0], start), n_heads=n_heads,
+                          n_kv_heads=n_kv, scale=0.1)
+            grids[start] = next((name, grid[1], grid[2]) for name, grid, *_ in lib.launches if name.startswith("attention"))
+        cluster = ("attention_cluster", n_heads, 8)
+        if long == "group":  # the bucket's slots: 2,048, 4,096, then the cache's 4,224 (33 splits' worth)
+            later = {1024: ("attention_group", n_kv, 16), 3000: ("attention_group", n_kv, 32), 4223: ("attention_group", n_kv, 34)}
+        else:
+            wave = ("attention", n_heads, 5 * 20 // n_heads)
+            later = {1024: wave, 3000: wave, 4223: wave}
+        assert grids == {0: cluster, 100: cluster, 255: cluster, 256: cluster, 1000: cluster, **later}, (d, n_kv)
     one = [pass_shape(Batch.causal([0], start), [0]) for start in (1, 100, 255, 256, 511, 512)]
     assert one[0] == one[1] == one[2] != one[3] == one[4] != one[5]
     assert pass_shape(Batch.causal([0], 0), [0]) != one[0]  # a fresh recurrent state

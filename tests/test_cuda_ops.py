@@ -516,6 +516,31 @@ def test_attention_at_a_long_context_over_many_splits(gpu, n_heads, n_kv, d):
     attention_matches_the_cpus(gpu, n_heads, n_kv, d, 4096, steps)
 
 
+@pytest.mark.parametrize("n_heads,n_kv,d", [(8, 8, 128), (32, 8, 128), (16, 2, 64), (14, 2, 128), (6, 2, 64)])
+def test_a_decode_step_at_a_long_context_takes_a_kv_heads_group_of_query_heads_a_block(gpu, monkeypatch, n_heads, n_kv, d):
+    """Past 8 splits a decode step of 64- or 128-wide heads runs a block a KV head's group of query heads (4 to 8
+    of them, here 1 to 8; kernels/attention.cu attention_group, on tensor cores) over a split of 128 slots, and the
+    last split of a group merges the group's heads: against the CPU at float32's tolerance, where the splits'
+    chunks of 16 slots end mid-chunk, and where the decode token is in segment 0 and the slots before it hold
+    candidates of segment 1 (hidden from it), then a candidate's decode step that sees them."""
+    monkeypatch.setattr("reflex_engine.backends.cuda.ops.ATTENTION_GROUP_MIN", 1)
+    steps = [(a, a + 500, Batch.causal(range(500), a)) for a in range(0, 1500, 500)]
+    steps += [(1500, 1537, Batch(range(37), range(1500, 1537), [1] * 37, 1500))]
+    steps += [(s, s + 1, Batch.causal([0], s)) for s in range(1537, 1540)]
+    steps += [(1540, 1541, Batch([0], [1537], [1], 1540)), (1541, 1542, Batch.causal([0], 1541))]
+    launched = []
+    launch = gpu.device.launch
+
+    def counted(name, grid, *a):
+        if name.startswith("attention"):
+            launched.append((name, grid))
+        return launch(name, grid, *a)
+
+    monkeypatch.setattr(gpu.device, "launch", counted)
+    attention_matches_the_cpus(gpu, n_heads, n_kv, d, 2048, steps)
+    assert launched[-5:] == [("attention_group", (1, n_kv, 16))] * 5  # the bucket's 2,048 slots, 128 a split
+
+
 def test_decode_attention_at_the_first_slots_of_a_large_cache(gpu):
     """A decode step's grid splits its bucket of slots (8 blocks a (query, head) for the first 256, of a
     4,096-slot cache) wherever it stands in it: past a short prompt all but the first splits are empty,

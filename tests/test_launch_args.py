@@ -44,6 +44,7 @@ SHARED_CONSTANTS = {
     ("ops", "ATTENTION_MAX_SPLITS"): [("attention.cu", "ATTN_MAX_SPLITS")],
     ("ops", "ATTENTION_SPLIT_SLOTS"): [("attention.cu", "ATTN_SPLIT_MIN_SLOTS")],
     ("ops", "ATTENTION_CLUSTER_SPLITS"): [("attention.cu", "ATTN_CLUSTER")],
+    ("ops", "ATTENTION_GROUP_MAX"): [("attention.cu", "ATTN_GROUP_MAX")],
     ("ops", "TOP_K_MAX"): [("sampling.cu", "TOPK_MAX")],
     ("experts", "MOE_WARPS"): [("moe.cu", "MOE_WARPS")],
     ("experts", "ROUTE_THREADS"): [("moe.cu", "ROUTE_THREADS")],

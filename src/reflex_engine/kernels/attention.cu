@@ -2,6 +2,7 @@
 // Cache rows are f16, (capacity, n_kv_heads * head width) per layer; slot_seg (capacity,) is
 // the segment of each written slot, shared by every layer.
 #include "common.cuh"
+#include "mma.cuh"
 #include "x16.cuh"
 
 #define ATTN_WARPS 4
@@ -415,4 +416,252 @@ attention_cluster(const float* q, const __half* k_cache, const __half* v_cache, 
     if (split != 0) return;
     cluster_wait();
     combine_splits(PartialsInShared{gathered}, out, blockIdx.x, blockIdx.y, n_heads, ATTN_CLUSTER, dv, xq, xds);
+}
+
+#define ATTN_GROUP_MAX 8  // ops.py's ATTENTION_GROUP_MAX: query heads a KV head, the columns of an mma's B
+#define ATTN_GROUP_CHUNK 16  // slots a warp takes at once: the k of the P V mma
+
+// Where attention_group's warps merge: each warp's (max, sum) of every head of the group and its weighted V.
+template <int D>
+struct GroupMerge {
+    float max[ATTN_WARPS][ATTN_GROUP_MAX], sum[ATTN_WARPS][ATTN_GROUP_MAX];
+    float acc[ATTN_WARPS][ATTN_GROUP_MAX][D];
+};
+
+// Two f32 as an f16x2 hi and the f16x2 of what hi leaves out, lo: hi + lo holds them to ~2^-22.
+__device__ __forceinline__ void split_half2(float x, float y, uint32_t& hi, uint32_t& lo) {
+    const __half2 h = __floats2half2_rn(x, y);
+    const float2 back = __half22float2(h);
+    hi = as_u32(h), lo = pack_half2(x - back.x, y - back.y);
+}
+
+// The f16x2 of half i of two rows' pieces as loaded (words): a's in the low half, b's in the high one.
+template <int W>
+__device__ __forceinline__ uint32_t pair_halves(const uint32_t (&a)[W], const uint32_t (&b)[W], int i) {
+    return __byte_perm(a[i / 2], b[i / 2], i % 2 ? 0x7632 : 0x5410);
+}
+
+// One split of a decode step's slots for one KV head's group of query heads: see attention_group. Warp w takes
+// chunks of 16 slots, every ATTN_WARPS-th from the split's first + 16w; lane (g, c) = (lane / 4, lane % 4).
+//  - Scores S^T = Q K^T, an m16n8k16 per 16 dims and 8 slots: A is Q, its row g head g of the group (rows past
+//    the group, and 8-15, zero); B is K^T, its column g slot 8nt + g of the chunk. The dims are permuted alike
+//    in both so that a lane's B for two k-steps is one 16-byte load: k-step 2kk + hh's k = 2c, 2c + 1 are dims
+//    32kk + 8c + 4hh + 0, 1 and k = 2c + 8, 2c + 9 dims .. + 2, 3. C: head g's scores of slots 8nt + 2c, + 1.
+//  - O^T += V^T P^T, an m16n8k16 per 16 dims: B is P^T as the scores' C fragments lie (k = slots 2c, 2c + 1 of
+//    nt 0 and 2c + 8, 2c + 9: nt 1; column g = head g); A is V^T, its rows the dims tau(mt, g) = (D/8) g + mt and
+//    tau(mt, g + 8) = (D/8) g + D/16 + mt, so that a lane reads its 4 slots' dims (D/8) g .. as 16-byte loads.
+//    C: dims tau(mt, g), tau(mt, g + 8) of heads 2c, 2c + 1.
+// q and the probabilities go in as f16 hi + lo pairs (K and V are f16 already), so the products carry float32's
+// error, not f16's (the prefill kernel rounds both to f16). The softmax runs in base 2 (q scaled by log2(e)).
+template <int D>
+__device__ __forceinline__ void attend_group(const float* q, const __half* k_cache, const __half* v_cache,
+                                             const int* slot_seg, const int* seg, int start, int n_heads,
+                                             int n_kv_heads, float scale, float* partials, GroupMerge<D>& merge) {
+    constexpr int KS = D / 16, VW = D / 16;  // k-steps of the scores and m-tiles of O^T; words of a lane's V dims
+    const int kv_head = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
+    const int group = n_heads / n_kv_heads, h0 = kv_head * group;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane / 4, c = lane % 4;
+    const int split_len = split_length(start, 1);
+    const int first = split * split_len, end = min(first + split_len - 1, start);
+    const size_t width = (size_t)n_kv_heads * D;
+    const __half* k_head = k_cache + (size_t)kv_head * D + 8 * c;
+    const __half* v_head = v_cache + (size_t)kv_head * D + (D / 8) * g;
+
+    uint32_t qhi[KS][2], qlo[KS][2];  // A's a[0] and a[2] of k-step ks (a[1], a[3]: rows 8-15, zero)
+    const bool real_head = g < group;
+    const float* q_row = q + (size_t)(h0 + min(g, group - 1)) * D;
+    const float q_scale = scale * 1.44269504f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float2 x = real_head ? *reinterpret_cast<const float2*>(q_row + 32 * (ks / 2) + 8 * c + 4 * (ks % 2) + 2 * e)
+                                       : make_float2(0.0f, 0.0f);
+            split_half2(x.x * q_scale, x.y * q_scale, qhi[ks][e], qlo[ks][e]);
+        }
+
+    const int own_seg = seg[0];
+    float o[KS][4] = {}, run_max = -INFINITY, run_sum = 0.0f;  // head g's max and this lane's share of its sum
+    for (int j0 = first + ATTN_GROUP_CHUNK * warp; j0 <= end; j0 += ATTN_WARPS * ATTN_GROUP_CHUNK) {
+        // Every load of the chunk first; slots past `end` re-read it. The lane's score slots u = 2nt + e are
+        // j0 + 2c + e + 8nt, the V rows it reads.
+        uint4 kx[2][D / 32];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int kk = 0; kk < D / 32; ++kk)
+                kx[nt][kk] = *reinterpret_cast<const uint4*>(k_head + (size_t)min(j0 + 8 * nt + g, end) * width + 32 * kk);
+        uint32_t vx[4][VW];
+        int slot_s[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int j = min(j0 + 2 * c + u % 2 + 8 * (u / 2), end);
+            slot_s[u] = slot_seg[j];
+#pragma unroll
+            for (int w = 0; w < VW; w += 4) {
+                const uint4 piece = *reinterpret_cast<const uint4*>(v_head + (size_t)j * width + 2 * w);
+                vx[u][w] = piece.x, vx[u][w + 1] = piece.y, vx[u][w + 2] = piece.z, vx[u][w + 3] = piece.w;
+            }
+        }
+
+        float s[2][4] = {};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                const uint4& w = kx[nt][ks / 2];
+                const uint32_t b[2] = {ks % 2 ? w.z : w.x, ks % 2 ? w.w : w.y};
+                mma_16816(s[nt], {qhi[ks][0], 0u, qhi[ks][1], 0u}, b);
+                mma_16816(s[nt], {qlo[ks][0], 0u, qlo[ks][1], 0u}, b);
+            }
+
+        // The online softmax of head g over the chunk: hidden slots (and heads past the group) at -inf; a head
+        // that has seen only those keeps max -inf, its exponents taken against 0, so every weight is 0.
+        float p[4], m = run_max;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const bool seen = real_head && j0 + 2 * c + u % 2 + 8 * (u / 2) <= end && (slot_s[u] == 0 || slot_s[u] == own_seg);
+            p[u] = seen ? s[u / 2][u % 2] : -INFINITY;
+            m = fmaxf(m, p[u]);
+        }
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // head g's 4 lanes
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        const float base = m == -INFINITY ? 0.0f : m, rescale = fast_exp2(run_max - base);
+        run_max = m;
+        run_sum *= rescale;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            p[u] = fast_exp2(p[u] - base);
+            run_sum += p[u];
+        }
+        // O^T's columns are heads 2c and 2c + 1, whose rows lanes 8c and 8c + 4 hold
+        const float r0 = __shfl_sync(0xffffffffu, rescale, 8 * c), r1 = __shfl_sync(0xffffffffu, rescale, 8 * c + 4);
+        uint32_t bhi[2], blo[2];
+        split_half2(p[0], p[1], bhi[0], blo[0]);
+        split_half2(p[2], p[3], bhi[1], blo[1]);
+#pragma unroll
+        for (int mt = 0; mt < KS; ++mt) {
+            o[mt][0] *= r0, o[mt][1] *= r1, o[mt][2] *= r0, o[mt][3] *= r1;
+            const uint32_t a[4] = {pair_halves(vx[0], vx[1], mt), pair_halves(vx[0], vx[1], KS + mt),
+                                   pair_halves(vx[2], vx[3], mt), pair_halves(vx[2], vx[3], KS + mt)};
+            mma_16816(o[mt], a, bhi);
+            mma_16816(o[mt], a, blo);
+        }
+    }
+
+    // The warps merged, each head's (max, sum) and weighted V as `attend` merges its warps; the partial's max in
+    // natural units, as combine_group_head weighs it (expf).
+    run_sum += __shfl_xor_sync(0xffffffffu, run_sum, 1);
+    run_sum += __shfl_xor_sync(0xffffffffu, run_sum, 2);
+    if (c == 0) merge.max[warp][g] = run_max, merge.sum[warp][g] = run_sum;
+#pragma unroll
+    for (int mt = 0; mt < KS; ++mt) {
+        const int d0 = (D / 8) * g + mt, d1 = d0 + KS;
+        merge.acc[warp][2 * c][d0] = o[mt][0], merge.acc[warp][2 * c + 1][d0] = o[mt][1];
+        merge.acc[warp][2 * c][d1] = o[mt][2], merge.acc[warp][2 * c + 1][d1] = o[mt][3];
+    }
+    __syncthreads();
+    const AttnPartials part(partials, 1, n_heads, n_splits);
+    for (int item = threadIdx.x; item < group * D; item += blockDim.x) {
+        const int h = item / D, d = item % D;
+        float m = merge.max[0][h];
+#pragma unroll
+        for (int w = 1; w < ATTN_WARPS; ++w) m = fmaxf(m, merge.max[w][h]);
+        float total = 0.0f, v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; ++w) {
+            const float wt = merge.max[w][h] == -INFINITY ? 0.0f : fast_exp2(merge.max[w][h] - m);
+            total += wt * merge.sum[w][h];
+            v += wt * merge.acc[w][h][d];
+        }
+        const SplitPartial at = part.at((size_t)(h0 + h) * n_splits + split, D);
+        at.acc[d] = v;
+        if (d == 0) *at.pair = make_float2(m == -INFINITY ? -INFINITY : m * 0.69314718f, total);
+    }
+}
+
+// out for head h of a decode step from the n_splits partials attention_group's splits left (AttnPartials), by one
+// warp: a lane a split's pair (two for more than 32), then 4 dims a lane, COMBINE_STEP splits' loads in flight;
+// with xq, out's int16 blocks too. Each split's sum and weighted V rescaled to the largest max; splits of weight
+// 0 are skipped, their acc never read. Warps merge the group's heads side by side, with no block barrier.
+__device__ __forceinline__ void combine_group_head(const AttnPartials& part, float* out, int h, int n_splits, int dv,
+                                                   uint8_t* xq, float2* xds) {
+    const int lane = threadIdx.x % WARP;
+    const float2* pairs = part.pairs + (size_t)h * n_splits;
+    const float* acc = part.acc + (size_t)h * n_splits * dv;
+    float2 pr[ATTN_MAX_SPLITS / WARP];
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < ATTN_MAX_SPLITS / WARP; ++k) {
+        const int s = lane + WARP * k;
+        pr[k] = s < n_splits ? __ldcg(pairs + s) : make_float2(-INFINITY, 0.0f);
+        m = fmaxf(m, pr[k].x);
+    }
+    m = warp_max(m);
+    float total = 0.0f, wt[ATTN_MAX_SPLITS / WARP];
+#pragma unroll
+    for (int k = 0; k < ATTN_MAX_SPLITS / WARP; ++k) {
+        wt[k] = weight_of(pr[k].x, m);
+        total += wt[k] * pr[k].y;
+    }
+    const float inv_total = 1.0f / warp_sum(total);  // > 0: the split holding the query's own slot sees it
+    const int c = 4 * lane;
+    const bool in = c < dv;
+    float o[4] = {};
+    for (int s0 = 0; s0 < n_splits; s0 += COMBINE_STEP) {
+        float w[COMBINE_STEP];
+        float4 a[COMBINE_STEP];
+#pragma unroll
+        for (int u = 0; u < COMBINE_STEP; ++u) {
+            const int s = s0 + u;  // its weight from the lane holding its pair
+            w[u] = __shfl_sync(0xffffffffu, s < WARP ? wt[0] : wt[ATTN_MAX_SPLITS / WARP - 1], s % WARP);
+            w[u] = s < n_splits ? w[u] : 0.0f;
+            a[u] = in && w[u] != 0.0f ? __ldcg(reinterpret_cast<const float4*>(acc + (size_t)s * dv + c)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < COMBINE_STEP; ++u)
+            o[0] += w[u] * a[u].x, o[1] += w[u] * a[u].y, o[2] += w[u] * a[u].z, o[3] += w[u] * a[u].w;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o[k] *= inv_total;
+    const size_t at = (size_t)h * dv + c;  // query 0
+    if (in) *reinterpret_cast<float4*>(out + at) = make_float4(o[0], o[1], o[2], o[3]);
+    if (xq) store_x16<4>(o, in, (int)(at / 4), xq, xds);
+}
+
+// `attention` for a decode step (one query token) at a long context, for head widths 64 and 128 and up to
+// ATTN_GROUP_MAX query heads a KV head (ops.py takes it from 4: at 2 the one-head kernel's many more blocks were
+// faster, docs/perf-notes.md run 26), on tensor cores (attend_group): a block takes one KV head's group of
+// query heads over one split of the slots, so a K or V row is read once for the group, not once a query head
+// as the other kernels read it. The last split of a group to finish (counted in counts[h0], h0 its first head,
+// set back to 0 for the next launch) merges the group's partials into out, each head's splits in their order.
+// LAUNCH: grid (1, n_kv_heads, n_splits), block ATTN_WARPS * 32 (128), n_splits <= ATTN_MAX_SPLITS;
+// `attention`'s parameters, n_tok 1; partials and counts as there.
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP)
+attention_group(const float* q, const __half* k_cache, const __half* v_cache, const int* slot_seg, const int* seg,
+                float* out, const int* start_at, int n_tok, int n_heads, int n_kv_heads, int dk, int dv, float scale,
+                float* partials, int* counts, uint8_t* xq, float2* xds) {
+    follow_previous_kernel();
+    __shared__ __align__(16) unsigned char merge[sizeof(GroupMerge<128>)];  // one buffer for both widths
+    __shared__ bool last;
+    const int start = *start_at;
+    if (dk == 64 && dv == 64)
+        attend_group<64>(q, k_cache, v_cache, slot_seg, seg, start, n_heads, n_kv_heads, scale, partials,
+                         *reinterpret_cast<GroupMerge<64>*>(merge));
+    else if (dk == 128 && dv == 128)
+        attend_group<128>(q, k_cache, v_cache, slot_seg, seg, start, n_heads, n_kv_heads, scale, partials,
+                          *reinterpret_cast<GroupMerge<128>*>(merge));
+    const int group = n_heads / n_kv_heads, h0 = blockIdx.y * group;
+    __threadfence();  // this split's partials, visible to every block before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counts + h0, 1) == (int)gridDim.z - 1;
+        if (last) counts[h0] = 0;  // every split has counted: none reads it again in this launch
+    }
+    __syncthreads();
+    if (last) {
+        __threadfence();
+        for (int h = threadIdx.x / WARP; h < group; h += ATTN_WARPS)
+            combine_group_head(AttnPartials(partials, 1, n_heads, gridDim.z), out, h0 + h, gridDim.z, dv, xq, xds);
+    }
 }

@@ -6,13 +6,6 @@
 #define PREFILL_WARPS 4
 #define PREFILL_QT (16 * PREFILL_WARPS)  // queries a block: 16 a warp, the rows of one mma
 
-// 2^x; -inf gives 0. exp2f's care for results below 2^-126 is wasted on softmax weights.
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 // One stage is 8 KB of K and 8 KB of V for either width (KT slots of D halves), so two stages
 // fit the 48 KB of static shared memory with room to spare.
 template <int D>

@@ -68,6 +68,13 @@ __device__ __forceinline__ int fused_part(int& u, int per, int rows0, int rows1)
 template <class T>
 __device__ __forceinline__ T pick(int i, T a, T b, T c) { return i == 0 ? a : i == 1 ? b : c; }
 
+// 2^x; -inf gives 0. exp2f's care for results below 2^-126 is wasted on softmax weights.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Asks L2 for the line holding p, so a thread has more bytes in flight than its registers hold.
 // Not on sm_120: NVRTC 12.9 crashed (SIGSEGV) compiling the matvecs' prefetches for it (2026-12-01).
 __device__ __forceinline__ void prefetch_l2(const void* p) {

@@ -88,6 +88,13 @@ ATTENTION_SPLIT_TARGET, ATTENTION_MIN_SPLITS = 128, 8
 # 374.8 / 337.5 against 385.7 / 338.2 / 305.0 with 128 slots a split, 0.6B (41) 1,138 / 1,047 / 906 against 1,133 /
 # 931 / 813 (docs/perf-notes.md run 25)
 ATTENTION_BLOCKS_AN_SM = 5
+# such a step (more splits than a cluster takes) of 64- or 128-wide heads, ATTENTION_GROUP_MIN to ATTENTION_GROUP_MAX
+# query heads a KV head, runs on tensor cores a KV head's group of query heads a block (kernels/attention.cu
+# attention_group), each reading the group's K and V rows once, in splits of ATTENTION_GROUP_SPLIT_SLOTS slots.
+# H200, Q4_K_M decode tok/s at 4,096 tokens of context (4,608 slots), against a block a query head: Qwen3-8B (4 query
+# heads a KV head) 389.8 / 389.7 against 375.1 / 374.9, Qwen3-0.6B (2) 993.5 / 993.2 against 1,043.1 / 1,042.0
+# (docs/perf-notes.md run 26)
+ATTENTION_GROUP_MIN, ATTENTION_GROUP_MAX, ATTENTION_GROUP_SPLIT_SLOTS = 4, 8, 128
 # on sm_90+, up to this many splits run as one cluster of as many blocks (kernels/attention.cu attention_cluster),
 # merged through distributed shared memory instead of by the last split to finish through global memory
 ATTENTION_CLUSTER_SPLITS = 8
@@ -863,6 +870,12 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 # the same cut of the slots (fewer splits are of ATTN_SPLIT_MIN_SLOTS: the cluster's last blocks
                 # get none), and no partials in memory to bound them
                 kernel, splits = "attention_cluster", ATTENTION_CLUSTER_SPLITS
+            elif t == 1 and splits > ATTENTION_MIN_SPLITS and dk == dv and dk in (64, 128) \
+                    and ATTENTION_GROUP_MIN <= n_heads // n_kv_heads <= ATTENTION_GROUP_MAX:
+                # an even count: the partials' weighted V (after a float2 a head and split) then lie at 16-byte
+                # addresses, which the merge reads 16 bytes at a time
+                splits = min(ATTENTION_MAX_SPLITS, -(-slots // ATTENTION_GROUP_SPLIT_SLOTS))
+                kernel, splits = "attention_group", splits + splits % 2
             else:
                 kernel = "attention"
                 if t == 1 and splits > ATTENTION_MIN_SPLITS:
@@ -872,7 +885,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
                     splits = 1
             # out's int16 blocks beside it, from the one split or the one that merges several
             beside = self._x16_beside(out) if dv % 32 == 0 else (0, 0)
-            dev.launch(kernel, (t, n_heads, splits), 128, args + (self._partials, self._counts, *beside))
+            grid = (1, n_kv_heads, splits) if kernel == "attention_group" else (t, n_heads, splits)
+            dev.launch(kernel, grid, 128, args + (self._partials, self._counts, *beside))
         return out
 
     def take_rows(self, x: Tensor, rows: Sequence[int]) -> Tensor:

@@ -26,6 +26,7 @@ KERNELS = {
     "kv_store": "PPPPPPPiii",
     "attention": "PPPPPPPiiiiifPPPP",
     "attention_cluster": "PPPPPPPiiiiifPPPP",
+    "attention_group": "PPPPPPPiiiiifPPPP",
     "attention_prefill": "PPPPPPPiiiiif",
     # delta_net.cu
     "sigmoid_gate_f32": "PPPqii",
