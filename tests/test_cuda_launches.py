@@ -327,8 +327,8 @@ def test_a_decode_steps_attention_splits_its_bucket_of_slots_not_the_whole_cache
     graph's shape, which a step replays until the next bucket's. Prompts split the slots they reach. On
     sm_90 (the fake's), up to 8 splits are one cluster's blocks (attention_cluster); more merge through
     memory: 64- and 128-wide heads, 4 to 8 query heads a KV head, a block a KV head's group (attention_group,
-    128 slots a split, an even count); other heads a block a query head, as many splits as fill one wave of the
-    SMs at 5 blocks an SM (4 heads on 20 SMs: 25), 64 at most."""
+    128 slots a split, an even count, as many as the partials' 4 MB hold); other heads a block a query head, as
+    many splits as fill one wave of the SMs at 5 blocks an SM (4 heads on 20 SMs: 25), 64 at most."""
     from reflex_engine.backends.cuda.graph import pass_shape
 
     lib = fake()
@@ -349,7 +349,7 @@ def test_a_decode_steps_attention_splits_its_bucket_of_slots_not_the_whole_cache
             grids[start] = next((name, grid[1], grid[2]) for name, grid, *_ in lib.launches if name.startswith("attention"))
         cluster = ("attention_cluster", n_heads, 8)
         if long == "group":  # the bucket's slots: 2,048, 4,096, then the cache's 4,224 (33 splits' worth)
-            later = {1024: ("attention_group", n_kv, 16), 3000: ("attention_group", n_kv, 32), 4223: ("attention_group", n_kv, 34)}
+            later = {1024: ("attention_group", n_kv, 16), 3000: ("attention_group", n_kv, 32), 4223: ("attention_group", n_kv, 32)}
         else:
             wave = ("attention", n_heads, 5 * 20 // n_heads)
             later = {1024: wave, 3000: wave, 4223: wave}
@@ -357,6 +357,23 @@ def test_a_decode_steps_attention_splits_its_bucket_of_slots_not_the_whole_cache
     one = [pass_shape(Batch.causal([0], start), [0]) for start in (1, 100, 255, 256, 511, 512)]
     assert one[0] == one[1] == one[2] != one[3] == one[4] != one[5]
     assert pass_shape(Batch.causal([0], 0), [0]) != one[0]  # a fresh recurrent state
+
+
+def test_a_kv_head_groups_splits_fit_the_partials_scratch(fake):
+    """attention_group's splits leave each query head's partials (a pair and dv floats a split) in the 4 MB scratch
+    (ops.ATTENTION_PARTIALS_BYTES): 128 heads of 128 on 16 KV heads at 16,384 slots take 62 splits, not the 64
+    of 128 slots each, whose 4.26 MB would run past it."""
+    lib = fake()
+    ops = ops_module.CudaOps()
+    shape = CacheShape(1, 16384, 16 * 128, 16 * 128)
+    ops.reserve([(GGMLType.F32, (64,))], shape, activation_width=2 * 128 * 128)
+    cache = ops.new_kv_cache(shape)
+    q = ops.from_host(np.ones((1, 128 * 128), np.float32))
+    kv = ops.from_host(np.ones((1, 16 * 128), np.float32))
+    lib.launches = []
+    ops.attention(q, kv, kv, cache=cache, layer=0, batch=Batch.causal([0], 9000), n_heads=128, n_kv_heads=16, scale=0.1)
+    (grid,) = [grid for name, grid, *_ in lib.launches if name == "attention_group"]
+    assert grid == (1, 16, 62) and 4 * 128 * 62 * (128 + 2) <= ops_module.ATTENTION_PARTIALS_BYTES
 
 
 def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):

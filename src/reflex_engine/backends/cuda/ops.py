@@ -872,10 +872,11 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 kernel, splits = "attention_cluster", ATTENTION_CLUSTER_SPLITS
             elif t == 1 and splits > ATTENTION_MIN_SPLITS and dk == dv and dk in (64, 128) \
                     and ATTENTION_GROUP_MIN <= n_heads // n_kv_heads <= ATTENTION_GROUP_MAX:
-                # an even count: the partials' weighted V (after a float2 a head and split) then lie at 16-byte
-                # addresses, which the merge reads 16 bytes at a time
-                splits = min(ATTENTION_MAX_SPLITS, -(-slots // ATTENTION_GROUP_SPLIT_SLOTS))
-                kernel, splits = "attention_group", splits + splits % 2
+                # as many as the partials' scratch holds, and an even count: the partials' weighted V (after a
+                # float2 a head and split) then lie at 16-byte addresses, which the merge reads 16 bytes at a time
+                splits = min(ATTENTION_MAX_SPLITS, -(-slots // ATTENTION_GROUP_SPLIT_SLOTS),
+                             ATTENTION_PARTIALS_BYTES // (4 * n_heads * (dv + 2)))
+                kernel, splits = "attention_group", splits - splits % 2
             else:
                 kernel = "attention"
                 if t == 1 and splits > ATTENTION_MIN_SPLITS:
