@@ -11,13 +11,15 @@ cache for the attention after it (1) or kv_store does (0: the held rope released
 step's attention grid (ops.DECODE_MIN_SLOTS: its bucket of slots, at least that many; 0: the whole cache's,
 the model loaded with --n-ctx), whether a one-token pass's norms are the matvecs' around them (ops.py
 _fuse_norm: 1) or launches of their own (0), and whether up to 8 attention splits run as one cluster
-(ops.ATTENTION_CLUSTER_SPLITS: 1) or merge through memory (0). Per variant:
+(ops.ATTENTION_CLUSTER_SPLITS: 1) or merge through memory (0), and from how many query heads a KV head a long
+context's decode step takes a block a KV head's group (ops.ATTENTION_GROUP_MIN; 9: never) in splits of how many
+slots (ops.ATTENTION_GROUP_SPLIT_SLOTS). Per variant:
 decode tokens/s at each --contexts' context (128: the decode graph captured again) and the 16- and
 64-token prompts' passes.
 
     PYTHONPATH=src python3 tools/probe_launch_shapes.py MODEL [--fused 3,1] [--gemm-blocks 4,2,0] [--decode-mma 1,0] [--mma-warps 8,4] [--decode-bulk 1,0] [--split-slots 32,256]
         [--fused-norms 1,0] [--gemm-frag 1,0] [--frag-warps 16,8] [--rope-store 1,0] [--decode-slots 256,0] [--attention-cluster 1,0]
-        [--n-ctx 512] [--contexts 128] [--runs 3]
+        [--group-min 4,2,9] [--group-slots 128,64] [--n-ctx 512] [--contexts 128] [--runs 3]
 
 A throwaway measurement tool: it patches the module constants the launches read. The GEMM's
 scratch is sized at load for the module's own GEMM_BLOCKS_AN_SM, so a variant may only lower it.
@@ -50,6 +52,8 @@ def main() -> None:
     ap.add_argument("--frag-warps", default=str(ops.GEMM_FRAG_WARPS))
     ap.add_argument("--rope-store", default="1")
     ap.add_argument("--decode-slots", default=str(ops.DECODE_MIN_SLOTS))
+    ap.add_argument("--group-min", default=str(ops.ATTENTION_GROUP_MIN))
+    ap.add_argument("--group-slots", default=str(ops.ATTENTION_GROUP_SPLIT_SLOTS))
     ap.add_argument("--n-ctx", type=int, default=512)
     ap.add_argument("--contexts", default="128")
     ap.add_argument("--runs", type=int, default=3)
@@ -59,7 +63,7 @@ def main() -> None:
         grid = [[int(v) for v in a.split(",")] for a in (args.fused, args.gemm_blocks, args.decode_mma, args.mma_warps,
                                                              args.gemm_frag, args.frag_warps, args.rope_store, args.decode_slots,
                                                              args.decode_bulk, args.split_slots, args.fused_norms,
-                                                             args.attention_cluster)]
+                                                             args.attention_cluster, args.group_min, args.group_slots)]
     except ValueError:
         sys.exit("probe_launch_shapes: every option but --runs and --n-ctx takes comma-separated integers")
     if any(c < 1 or c + 64 > args.n_ctx for c in contexts):
@@ -70,12 +74,13 @@ def main() -> None:
             or not all(r in (0, 1) for r in grid[6]) or not all(s >= 0 for s in grid[7]) \
             or not all(b in (0, 1) for b in grid[8]) or not all(s >= ops.ATTENTION_SPLIT_SLOTS for s in grid[9]) \
             or not all(f in (0, 1) for f in grid[10]) or not all(c in (0, 1) for c in grid[11]) \
+            or not all(g >= 1 for g in grid[12]) or not all(s >= ops.ATTENTION_SPLIT_SLOTS for s in grid[13]) \
             or args.runs < 1 or args.n_ctx < 256:
         sys.exit(f"probe_launch_shapes: --fused takes 1 to {ops.FUSED_WEIGHTS}, --gemm-blocks 0 to {ops.GEMM_BLOCKS_AN_SM}, "
                  f"--decode-mma 0 or 1, --mma-warps 1 to {ops.X16_MMA_WARPS}, --gemm-frag 0 or 1, "
                  f"--frag-warps 1 to {ops.GEMM_FRAG_WARPS}, --rope-store 0 or 1, --decode-slots 0 or more, "
                  f"--decode-bulk 0 or 1, --split-slots {ops.ATTENTION_SPLIT_SLOTS} or more, --fused-norms 0 or 1, "
-                 "--attention-cluster 0 or 1, "
+                 f"--attention-cluster 0 or 1, --group-min 1 or more, --group-slots {ops.ATTENTION_SPLIT_SLOTS} or more, "
                  "--n-ctx 256 or more, --runs 1 or more")
     try:
         model = reflex_engine.load(args.model, device="cuda", n_ctx=args.n_ctx)
@@ -93,11 +98,12 @@ def main() -> None:
         cuda_ops.device.release()
         return type(cuda_ops).attention(cuda_ops, *args, **kwargs)
 
-    print("| weights a launch | GEMM blocks an SM | decode mma | its warps | GEMM frag | its warps | rope stores | decode slots | bulk | split slots | fused norms | cluster | "
+    print("| weights a launch | GEMM blocks an SM | decode mma | its warps | GEMM frag | its warps | rope stores | decode slots | bulk | split slots | fused norms | cluster | group from | group slots | "
           + " | ".join(f"decode at {c} tok/s" for c in contexts) + " | of the bound | "
-          + " | ".join(f"prefill {n} ms" for n in PROMPTS) + " |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+          + " | ".join(f"prefill {n} ms" for n in PROMPTS) + " |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
           + "---|" * (len(contexts) + len(PROMPTS)))
-    for fused, blocks, mma, warps, frag, frag_warps, rope_store, slots, bulk, split_slots, norms, cluster in itertools.product(*grid):
+    for fused, blocks, mma, warps, frag, frag_warps, rope_store, slots, bulk, split_slots, norms, cluster, group_min, group_slots \
+            in itertools.product(*grid):
         ops.DECODE_MIN_SLOTS = slots or 1 << 30  # 0: past any cache's capacity
         if rope_store:
             cuda_ops.__dict__.pop("attention", None)
@@ -108,6 +114,7 @@ def main() -> None:
         ops.X16_BULK_TYPES, ops.ATTENTION_SPLIT_TARGET = bulk_types if bulk else (), split_slots
         cuda_ops.fuse_norms = bool(norms)
         ops.ATTENTION_CLUSTER_SPLITS = cluster_splits if cluster else 1
+        ops.ATTENTION_GROUP_MIN, ops.ATTENTION_GROUP_SPLIT_SLOTS = group_min, group_slots
         model.ops._plans.clear()  # the matmuls' launches, made again with these constants
         model._forward.close()  # captured again at the next steps, with these launches
         reports = [run_bench(model, runs=2, decode_tokens=64, prefill_tokens=PROMPTS, contexts=contexts)
@@ -115,7 +122,7 @@ def main() -> None:
         rates = [statistics.median(r.decode[c]["tokens_per_s"] for r in reports) for c in contexts]
         rate = rates[0]
         prefill = " | ".join(f"{statistics.median(r.prefill[n] for r in reports):.2f}" for n in PROMPTS)
-        print(f"| {fused} | {blocks} | {mma} | {warps} | {frag} | {frag_warps} | {rope_store} | {slots or 'cache'} | {bulk} | {split_slots} | {norms} | {cluster} | "
+        print(f"| {fused} | {blocks} | {mma} | {warps} | {frag} | {frag_warps} | {rope_store} | {slots or 'cache'} | {bulk} | {split_slots} | {norms} | {cluster} | {group_min} | {group_slots} | "
               + " | ".join(f"{r:.1f}" for r in rates) + f" | {rate * weight_bytes / copy:.1%} | {prefill} |", flush=True)
 
 
