@@ -586,6 +586,7 @@ __device__ __forceinline__ void attend_group(const float* q, const __half* k_cac
 // 0 are skipped, their acc never read. Warps merge the group's heads side by side, with no block barrier.
 __device__ __forceinline__ void combine_group_head(const AttnPartials& part, float* out, int h, int n_splits, int dv,
                                                    uint8_t* xq, float2* xds) {
+    static_assert(ATTN_MAX_SPLITS == 2 * WARP, "a lane holds two splits' pairs: wt[0] and wt[1] below");
     const int lane = threadIdx.x % WARP;
     const float2* pairs = part.pairs + (size_t)h * n_splits;
     const float* acc = part.acc + (size_t)h * n_splits * dv;
