@@ -19,6 +19,38 @@ __device__ __forceinline__ void follow_previous_kernel() {
 #endif
 }
 
+// The cluster barrier's halves: every thread of the cluster arrives, then waits until all have (or exited).
+// Arrived with release, waited with acquire: shared memory writes before the arrival, the cluster's own
+// included, are visible after the wait.
+__device__ __forceinline__ void cluster_arrive(bool release) {
+#if __CUDA_ARCH__ >= 900
+    if (release)
+        asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    else
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// p, a shared address of this block, as the same address in the shared memory of the cluster's block of rank
+// `rank`: a generic address that plain loads and stores reach.
+template <class T>
+__device__ __forceinline__ T* in_block_of_rank(T* p, int rank) {
+#if __CUDA_ARCH__ >= 900
+    uint64_t at;
+    asm("mapa.u64 %0, %1, %2;" : "=l"(at) : "l"(p), "r"(rank));
+    return reinterpret_cast<T*>(at);
+#else
+    return p;
+#endif
+}
+
 struct Sum {
     template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
 };
