@@ -504,6 +504,58 @@ def test_rows_of_4096_columns_or_more_take_the_tensor_core_kernels(fake, monkeyp
                              ("matvec_x16_bulk_q4_K", driver.FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)} if bulk else set())
 
 
+@pytest.mark.parametrize("capability", [(9, 0), (8, 9)])
+def test_prompts_past_the_int16_passes_multiply_the_blocks_in_tiles_of_64_tokens(fake, monkeypatch, capability):
+    """Q4_K, Q6_K and Q8_0 rows of ops.MMA_MIN_COLS columns or more take kernels/gemm_tile.cu from
+    GEMM_TILE_MIN_TOKENS tokens on, no f16 copy of the weights: the grid's x the token tiles of 64 (the tiles of
+    one weight's rows run together, its bytes read once), y the groups of 128 rows, its two stages of x allowed in
+    shared memory. A weight of fewer blocks than SMs takes, from sm_90 on, clusters of GEMM_TILE_SPLITS blocks
+    (grid z), each a share of the columns. Narrower rows keep gemm.cu, then the f16 copy (gemm_f16.cu)."""
+    lib = fake(capability=capability)
+    launched: list[tuple[str, tuple, int]] = []
+    launch = device_module.Device.launch
+    monkeypatch.setattr(device_module.Device, "launch",
+                        lambda self, name, grid, block, args, smem=0: (launched.append((name, grid, smem)),
+                                                                       launch(self, name, grid, block, args, smem)))
+    allowed = []
+    monkeypatch.setattr(lib, "cuFuncSetAttribute", lambda fn, attr, value: allowed.append((lib._name(fn), value)) or 0,
+                        raising=False)
+    # 20,000 rows: 157 groups of 128, past the fake's 132 SMs at one token tile
+    shapes = [(GGMLType.Q4_K, 4096, 256), (GGMLType.Q6_K, 4096, 256), (GGMLType.Q8_0, 4096, 256),
+              (GGMLType.Q4_K, 4096, 20000), (GGMLType.Q4_K, 1024, 256)]
+    ops = ops_module.CudaOps()
+    ops.reserve([(t, (n_cols, n_rows)) for t, n_cols, n_rows in shapes], CacheShape(1, 16, 64, 64), activation_width=4 * 20000)
+    weights = [ops.load_weight("w", t, (n_cols, n_rows), bytes(n_rows * n_cols // GGML_BLOCK[t][0] * GGML_BLOCK[t][1]))
+               for t, n_cols, n_rows in shapes]
+    ops.commit_weights()
+    chosen = {}
+    for (t, n_cols, n_rows), w in zip(shapes, weights):
+        for n_tok in (32, 33, 130):
+            launched.clear()
+            ops.matmul(ops.from_host(np.zeros((n_tok, n_cols), np.float32)), w)
+            chosen[t.name, n_cols, n_rows, n_tok] = [(n, g, s) for n, g, s in launched if n.startswith("gemm")]
+    tile = "gemm_tile_split" if capability >= (9, 0) else "gemm_tile"
+    z, shared = (ops_module.GEMM_TILE_SPLITS if capability >= (9, 0) else 1), ops_module.GEMM_TILE_SHARED
+    assert chosen == {
+        ("Q4_K", 4096, 256, 32): [("gemm_frag_q4_K", (8, 2), 0)],
+        ("Q4_K", 4096, 256, 33): [(f"{tile}_q4_K", (1, 2, z), shared)],
+        ("Q4_K", 4096, 256, 130): [(f"{tile}_q4_K", (3, 2, z), shared)],
+        ("Q6_K", 4096, 256, 32): [("gemm_q6_K", (8, 1, 8), 0)],
+        ("Q6_K", 4096, 256, 33): [(f"{tile}_q6_K", (1, 2, z), shared)],
+        ("Q6_K", 4096, 256, 130): [(f"{tile}_q6_K", (3, 2, z), shared)],
+        ("Q8_0", 4096, 256, 32): [("gemm_frag_q8_0", (8, 2), 0)],
+        ("Q8_0", 4096, 256, 33): [(f"{tile}_q8_0", (1, 2, z), shared)],
+        ("Q8_0", 4096, 256, 130): [(f"{tile}_q8_0", (3, 2, z), shared)],
+        ("Q4_K", 4096, 20000, 32): [("gemm_frag_q4_K", (625, 2), 0)],
+        ("Q4_K", 4096, 20000, 33): [("gemm_tile_q4_K", (1, 157, 1), shared)],
+        ("Q4_K", 4096, 20000, 130): [("gemm_tile_q4_K", (3, 157, 1), shared)],
+        ("Q4_K", 1024, 256, 32): [("gemm_q4_K", (8, 1, 2), 0)],
+        ("Q4_K", 1024, 256, 33): [("gemm_q4_K", (8, 2, 2), 0)],
+        ("Q4_K", 1024, 256, 130): [("gemm_f16_64", (4, 3), 0)],
+    }
+    assert (f"{tile}_q4_K", shared) in allowed and ("gemm_tile_q4_K", shared) in allowed
+
+
 class StreamInOrder:
     """The driver as graph.py uses it, with a stream whose work runs in the order queued when the
     host waits (cuEventSynchronize runs it up to the event, cuStreamSynchronize all of it); what is

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from reflex_engine.backends.cpu import CpuOps
-from reflex_engine.backends.cuda.ops import (ATTENTION_SPLIT_SLOTS, MATVEC_MAX_ROWS, MATVEC_MAX_TOKENS,
-                                             MATVEC_PASSES_MAX_TOKENS, PREFILL_ATTENTION_MIN_TOKENS, X16_MATVEC_TYPES)
+from reflex_engine.backends.cuda.ops import (ATTENTION_SPLIT_SLOTS, GEMM_TILE_MIN_TOKENS, GEMM_TILE_TYPES, MATVEC_MAX_ROWS,
+                                             MATVEC_MAX_TOKENS, MATVEC_PASSES_MAX_TOKENS, PREFILL_ATTENTION_MIN_TOKENS,
+                                             X16_MATVEC_TYPES, kernel_suffix)
 from reflex_engine.gguf import GGML_BLOCK, GGMLType
 from reflex_engine.ops import Batch, CacheShape, Rope, RopeMode
 from reflex_engine.sampling import SamplingParams
@@ -135,6 +136,41 @@ def test_fragment_gemm_rounds_only_x_to_f16(gpu, qtype):
         got = gpu.to_host(gpu.matmul(host(gpu, x), w_gpu))
         ref = cpu.matmul(x.astype(np.float16).astype(np.float32), w_cpu).astype(np.float64)
         assert rel_err(got, ref) < 1e-5, n_tok
+
+
+@pytest.mark.parametrize("qtype", GEMM_TILE_TYPES)
+def test_long_prompts_multiply_the_blocks_themselves(monkeypatch, qtype):
+    """From GEMM_TILE_MIN_TOKENS tokens on, Q4_K, Q6_K and Q8_0 rows of whole superblocks take kernels/gemm_tile.cu,
+    no f16 copy of the weights: each lane makes its rows' weights f16 itself (the quants exact, d·sc and dmin·m
+    rounded to f16), x rounded to f16. Against the reference on x rounded so, what is left is the weights' rounding,
+    as gemm_f16.cu's copy has it. 300 rows: two blocks of 128 and a partial one; 65 and 130 tokens: a partial token
+    tile; 17 superblocks a row: an odd one last, in the second of the two stages. A launch of few blocks takes
+    clusters of GEMM_TILE_SPLITS, each a share of the 17 (4, 4, 4, 5), the first adding the others' sums: the same
+    product to float32 rounding, the same bits on every call."""
+    from reflex_engine.backends.cuda import CudaOps, ops as cuda_ops
+
+    gpu = CudaOps()  # its own scratch: the module's f16 x holds 512 columns of a long prompt
+    if not gpu._sm90:
+        pytest.skip("the split form's clusters need sm_90 or later")
+    n_rows, n_cols = 300, 4352
+    gpu.reserve([(qtype, (n_cols, n_rows))], CacheShape(1, 16, 64, 64), activation_width=4 * (n_rows + n_cols))
+    w_cpu, w_gpu = both(gpu, qtype.name, n_rows, n_cols)
+    launched = []
+    launch = gpu.device.launch
+    monkeypatch.setattr(gpu.device, "launch", lambda name, *a: (launched.append(name), launch(name, *a)))
+    for n_tok in (GEMM_TILE_MIN_TOKENS, 65, 130):
+        x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
+        ref = cpu.matmul(x.astype(np.float16).astype(np.float32), w_cpu).astype(np.float64)
+        products = {}
+        for form, blocks_an_sm in (("tile", 0), ("tile_split", 1 << 20)):
+            monkeypatch.setattr(cuda_ops, "GEMM_TILE_SPLIT_BLOCKS_AN_SM", blocks_an_sm)
+            gpu._plans.clear()
+            launched.clear()
+            products[form] = [gpu.to_host(gpu.matmul(host(gpu, x), w_gpu)) for _ in range(2)]
+            assert launched.count(f"gemm_{form}_{kernel_suffix(qtype)}") == 2 and not any(n.startswith("dequant_f16") for n in launched)
+            assert rel_err(products[form][0], ref) < 1e-3, (form, n_tok)
+            np.testing.assert_array_equal(products[form][1], products[form][0])
+        assert rel_err(products["tile_split"][0], products["tile"][0].astype(np.float64)) < 2e-5, n_tok
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES)

@@ -1,10 +1,12 @@
-"""Where the f16 GEMM (kernels/gemm_f16.cu: weights dequantized once a pass) overtakes the
-short-prompt GEMM straight from the blocks (kernels/gemm.cu): warm prompt passes of each length
-with ops.F16_GEMM_MIN_TOKENS set to each candidate, so both paths are timed in one process.
+"""Prompt passes through each prompt GEMM, in one process: the GEMM from the blocks in tiles of 64 tokens
+(kernels/gemm_tile.cu, its types) against the paths before it (kernels/gemm_frag.cu and gemm.cu up to
+ops.F16_GEMM_MIN_TOKENS, the f16 copy of kernels/gemm_f16.cu from there), at each prompt length, with
+ops.GEMM_TILE_MIN_TOKENS set to take the tile kernel at every length or at none.
 
-    PYTHONPATH=src python3 tools/probe_gemm_crossover.py MODEL [--tokens 64,128,256,512] [--runs 3]
+    PYTHONPATH=src python3 tools/probe_gemm_crossover.py MODEL [--tokens 16,24,32,40,48,64,128,512] [--runs 3]
 
-A throwaway measurement tool: it patches the module constant the dispatch reads.
+A throwaway measurement tool: it patches the module constant the dispatch reads, and drops the
+launches planned and the passes captured under the other.
 """
 import argparse
 import random
@@ -20,7 +22,7 @@ from reflex_engine.sampling import SamplingParams
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
-    ap.add_argument("--tokens", default="48,64,96,128,192,256,384,512")
+    ap.add_argument("--tokens", default="16,24,32,40,48,64,128,512")
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     try:
@@ -39,16 +41,18 @@ def main() -> None:
             pass
         return gen.timings["prompt_eval_ms"]
 
-    paths = {"blocks (gemm.cu)": 1 << 30, "f16 (gemm_f16.cu)": 1}
+    paths = {"frag, blocks or f16 (before)": 1 << 30, "tile (gemm_tile.cu)": ops.MATVEC_MAX_TOKENS + 1}
     print(f"## {args.model}: prompt pass ms, median of {args.runs}\n")
     print("| tokens | " + " | ".join(paths) + " |\n|---" * (len(paths) + 1) + "|")
     for n in lengths:
         cells = []
         for threshold in paths.values():
-            ops.F16_GEMM_MIN_TOKENS = threshold
+            ops.GEMM_TILE_MIN_TOKENS = threshold
+            model.ops._plans.clear()
+            model._forward.close()
             pass_ms(n)
             cells.append(statistics.median(pass_ms(n) for _ in range(args.runs)))
-        print(f"| {n} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+        print(f"| {n} | " + " | ".join(f"{c:.2f}" for c in cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

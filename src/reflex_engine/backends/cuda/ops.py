@@ -53,7 +53,7 @@ X16_BULK_SHARED = X16_BULK_STAGES * (X16_MMA_ROWS * X16_MMA_WARPS * GGML_BLOCK[G
 MMA_MIN_COLS = 4096
 # the int16 matvecs and the short-prompt GEMMs take three weights of one type in one launch (q, k, v; the
 # absent ones 0), and runs of up to MAX_FUSED weights are given to them together
-FUSED_WEIGHTS, FUSED_PATHS = 3, ("x16", "blocks", "frag")
+FUSED_WEIGHTS, FUSED_PATHS = 3, ("x16", "blocks", "frag", "tile", "tile_split")
 MAX_FUSED = FUSED_WEIGHTS
 # the short-prompt GEMM splits a weight's columns over blocks (each the same share) until its blocks number
 # this many an SM, its residency: 32 rows x 32 tokens a block leave most SMs idle on a 16-token prompt
@@ -63,6 +63,18 @@ GEMM_BLOCKS_AN_SM, GEMM_MAX_SPLITS = 2, 8
 # tokens a block, a warp per 256 columns of its rows, at most GEMM_FRAG_WARPS
 GEMM_FRAG_TYPES = (GGMLType.Q4_K, GGMLType.Q8_0)
 GEMM_FRAG_ROWS, GEMM_FRAG_TOKENS, GEMM_FRAG_WARPS = 32, 16, 8
+# kernels/gemm_tile.cu: prompts of GEMM_TILE_MIN_TOKENS or more on tensor cores straight from these types' blocks,
+# 32 rows a warp by 64 tokens a block, x as f16 staged in GEMM_TILE_STAGES stages of 256 columns, for rows of at
+# least MMA_MIN_COLS columns; other types, and narrower rows, keep the short-prompt GEMMs and the f16 copy
+# (F16_GEMM_MIN_TOKENS). On sm_90+ a weight whose blocks number under GEMM_TILE_SPLIT_BLOCKS_AN_SM an SM takes
+# clusters of GEMM_TILE_SPLITS blocks, each a share of the columns (gemm_tile_split_*)
+GEMM_TILE_TYPES = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0)
+GEMM_TILE_WARPS, GEMM_TILE_TOKENS, GEMM_TILE_STAGES, GEMM_TILE_SPLITS = 4, 64, 2, 4
+GEMM_TILE_ROWS, GEMM_TILE_SHARED = 32 * GEMM_TILE_WARPS, GEMM_TILE_STAGES * GEMM_TILE_TOKENS * 256 * 2
+GEMM_TILE_SPLIT_BLOCKS_AN_SM = 1
+# past the int16 passes' tokens (MATVEC_PASSES_MAX_TOKENS): H200, Qwen3-8B Q4_K_M prompt passes, ms, against gemm_frag /
+# gemm_f16.cu: 32 tokens 10.23 / 9.01, 40 11.98 / 13.59, 64 11.09 / 15.35, 128 16.10 / 35.63 (docs/perf-notes.md run 27)
+GEMM_TILE_MIN_TOKENS = 33
 # up to here a matrix of at most MATVEC_MAX_ROWS rows takes int16 passes of 8 tokens (wider ones
 # take the GEMMs past one pass): the int16 scratch holds this many tokens
 MATVEC_PASSES_MAX_TOKENS = 32
@@ -151,13 +163,15 @@ def token_class(n_tok: int) -> int:
     int16 scratch, short prompts, long ones."""
     if n_tok == 1:
         return 1
-    return 2 if n_tok <= MATVEC_MAX_TOKENS else 3 if n_tok <= MATVEC_PASSES_MAX_TOKENS else 4 if n_tok < F16_GEMM_MIN_TOKENS else 5
+    if n_tok <= MATVEC_PASSES_MAX_TOKENS:
+        return 2 if n_tok <= MATVEC_MAX_TOKENS else 3
+    return 4 + (n_tok >= GEMM_TILE_MIN_TOKENS) + 2 * (n_tok >= F16_GEMM_MIN_TOKENS)
 
 
 class Group(NamedTuple):
     """A run of weights that one launch multiplies with the same x (ops.py _plan): its kernel and
     every argument that does not change between calls, made once."""
-    path: str  # "x16", "blocks" or "frag" (FUSED_PATHS)
+    path: str  # one of FUSED_PATHS
     kernel: str
     units: int  # blocks over all the rows (the bulk matvec's: at most its blocks an SM, each walking several)
     threads: int
@@ -641,12 +655,17 @@ class CudaOps(ExpertOps, DeltaNetOps):
 
     def _path(self, x: Tensor, weight: Weight) -> str:
         """Which kernels multiply x with the weight: "x16" (int16 matvec passes), "float" (float
-        matvec passes), "blocks" or "frag" (the short-prompt GEMMs) or "f16" (the long-prompt GEMM)."""
+        matvec passes), "blocks" or "frag" (the short-prompt GEMMs), "tile" or "tile_split" (the GEMM from the
+        blocks for longer prompts) or "f16" (the long-prompt GEMM of an f16 copy)."""
         n_cols, n_rows = weight.n_cols, weight.n_rows
         if x.rows <= MATVEC_MAX_TOKENS or n_rows <= MATVEC_MAX_ROWS or n_cols % 32:
             # a weight wider than reserve planned the int16 scratch for keeps the float kernel, as do passes past 32 tokens
             x16 = weight.ggml_type in X16_MATVEC_TYPES and n_cols <= self._x16_width and x.rows <= MATVEC_PASSES_MAX_TOKENS
             return "x16" if x16 else "float"
+        if x.rows >= GEMM_TILE_MIN_TOKENS and weight.ggml_type in GEMM_TILE_TYPES and n_cols % 256 == 0 \
+                and n_cols >= MMA_MIN_COLS and 2 * x.rows * n_cols <= self._xh_bytes:
+            blocks = -(-n_rows // GEMM_TILE_ROWS) * -(-x.rows // GEMM_TILE_TOKENS)  # the weight's own: split alike in any launch
+            return "tile_split" if self._sm90 and blocks < GEMM_TILE_SPLIT_BLOCKS_AN_SM * self.device.info.multiprocessors else "tile"
         if x.rows >= F16_GEMM_MIN_TOKENS and 2 * n_cols <= self._w16_bytes and 2 * x.rows * n_cols <= self._xh_bytes:
             return "f16"
         frag = weight.ggml_type in GEMM_FRAG_TYPES and n_cols >= MMA_MIN_COLS and n_cols % 256 == 0
@@ -661,6 +680,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
             kernel, per, threads = f"gemm_{suffix}", 32, 256
         elif path == "frag":
             kernel, per, threads = f"gemm_frag_{suffix}", GEMM_FRAG_ROWS, 32 * min(GEMM_FRAG_WARPS, n_cols // 256)
+        elif path in ("tile", "tile_split"):
+            kernel, per, threads, shared = f"gemm_{path}_{suffix}", GEMM_TILE_ROWS, 32 * GEMM_TILE_WARPS, GEMM_TILE_SHARED
+            self.device.allow_shared(kernel, shared)
         elif n_tok == 1 and group[0].ggml_type in X16_MMA_TYPES and n_cols >= MMA_MIN_COLS:
             kernel, per, threads = f"matvec_x16_mma_{suffix}", X16_MMA_ROWS, 32 * min(X16_MMA_WARPS, n_cols // 256)
             if self._sm90 and group[0].ggml_type in X16_BULK_TYPES and n_cols % X16_BULK_STAGE_COLS == 0 \
@@ -708,6 +730,11 @@ class CudaOps(ExpertOps, DeltaNetOps):
             if g.path == "frag":
                 self._to_f16(x)
                 dev.launch(g.kernel, (g.units, -(-x.rows // GEMM_FRAG_TOKENS)), g.threads, (*g.weights, self._xh, *products, *g.rows, x.rows))
+                continue
+            if g.path in ("tile", "tile_split"):  # token tiles first: those sharing a weight's rows run together, its bytes read once
+                self._to_f16(x)
+                dev.launch(g.kernel, (-(-x.rows // GEMM_TILE_TOKENS), g.units, GEMM_TILE_SPLITS if g.path == "tile_split" else 1),
+                           g.threads, (*g.weights, self._xh, *products, *g.rows, x.rows), g.shared)
                 continue
             # x to int16 blocks, unless the op that made x wrote them or a matmul before took the same x:
             # a tensor is final once the op making it returns, and holding it keeps its buffer's address

@@ -9,6 +9,8 @@ from __future__ import annotations
 FAMILIES = {
     "gemm": "PPPPPPPPPPiiiiiiii",  # gemm.cu
     "gemm_frag": "PPPPPPPPiiiii",  # gemm_frag.cu
+    "gemm_tile": "PPPPPPPPiiiii",  # gemm_tile.cu
+    "gemm_tile_split": "PPPPPPPPiiiii",
     "dequant_f16": "PPiii",  # gemm_f16.cu
     "get_rows": "PPPii",  # get_rows.cu
     "matvec": "PPPiii",  # matvec.cu
