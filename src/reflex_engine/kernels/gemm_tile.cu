@@ -1,5 +1,5 @@
 // Prompts' Q4_K, Q6_K and Q8_0 matmuls on tensor cores straight from the GGUF blocks: Y (n_tok, n_rows) =
-// X · Wᵀ (+ add), X as f16 (gemm_f16.cu's to_f16), from ops.GEMM_TILE_MIN_TOKENS tokens on. Why: gemm_f16.cu
+// X · Wᵀ (+ add), X as f16 with its pairs interleaved (to_f16_interleaved), from ops.GEMM_TILE_MIN_TOKENS tokens on. Why: gemm_f16.cu
 // multiplies an f16 copy of the weights that a pass first writes to memory, 2 bytes a weight written and
 // read back whatever the prompt's length; on the H200 an 8B Q4_K_M pass of 128 tokens took 35 ms that way,
 // 512 tokens 46 (docs/perf-notes.md run 27). Here a weight's GGUF bytes are read once a tile of 64 tokens,
@@ -10,9 +10,10 @@
 // for all of them (cp.async, two stages), and each lane has the next half's weights in flight in registers
 // while it multiplies this one's. Lane (g, c) holds rows g + 8r (r = 0..3: two tiles of 16) and, of each
 // half, two runs of 16 consecutive elements (the type's run_at), a run one scale (and min) a row; it makes
-// its own A fragments of them: word i of a run (elements 4i..4i+3) gives the mma's k-slots (2c, 2c + 1) and
-// (2c + 8, 2c + 9) the pairs (4i, 4i + 1) and (4i + 2, 4i + 3), and as a B lane token g gives x at the same
-// elements. A weight enters the mma as f16: its quant exact (an integer through the mantissa: | 0x6400 is
+// its own A fragments of them: word i of a run (elements 4i..4i+3, a byte each) gives the mma's k-slots (2c, 2c + 1)
+// and (2c + 8, 2c + 9) the pairs (4i, 4i + 2) and (4i + 1, 4i + 3), its bytes 0 and 2 by a mask and 1 and 3 by a
+// shift and a mask (a byte permute a pair cost twice the instructions), and as a B lane token g gives x at the same
+// elements, which X's interleaved order puts in consecutive halves. A weight enters the mma as f16: its quant exact (an integer through the mantissa: | 0x6400 is
 // 1024 + q), then q·(d·sc) - dmin·m in one f16 FMA, d·sc and dmin·m rounded to f16 first: about the one
 // rounding gemm_f16.cu's copy gives a weight. Sums are float32 in the mma.
 //
@@ -38,9 +39,26 @@ __device__ __forceinline__ uint32_t weight_pair(uint32_t v, __half2 bias, __half
     return as_u32(__hfma2(__hsub2(*reinterpret_cast<const __half2*>(&v), bias), mul, add));
 }
 
-// The two bytes of a word that make the pair (4i, 4i + 1) (LO) or (4i + 2, 4i + 3) of its four elements, each in
-// the low byte of a half.
-__device__ __forceinline__ uint32_t pair_bytes(uint32_t w, bool lo) { return __byte_perm(w, 0u, lo ? 0x4140 : 0x4342); }
+// The bits `mask` keeps of a word's elements 0 and 2 (EVEN) or 1 and 3, each byte in the low byte of a half, then
+// XOR `magic` (on bits the mask clears: OR), in one LOP3: magic a register, so the mask may be its one immediate.
+template <uint32_t MASK>
+__device__ __forceinline__ uint32_t pair_bits(uint32_t w, bool even, uint32_t magic) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(r) : "r"(even ? w : w >> 8), "n"(MASK), "r"(magic));  // (a & b) ^ c
+    return r;
+}
+
+// x (n values, n % 4 == 0) as f16, each 4 values' middle two swapped, (x0, x2, x1, x3): gemm_tile's B pairs.
+// LAUNCH: block = 256, grid = ceil(n / 1024).
+extern "C" __global__ void __launch_bounds__(256) to_f16_interleaved(const float4* __restrict__ x, uint2* __restrict__ out,
+                                                                      long long n) {
+    follow_previous_kernel();
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (4 * i < n) {
+        const float4 v = x[i];
+        out[i] = make_uint2(pack_half2(v.x, v.z), pack_half2(v.y, v.w));
+    }
+}
 
 // Q4_K: half G of superblock s is qs[64G ..]; lane c's 16 bytes qs[64G + 16c ..] hold elements 16(c % 2).. of
 // sub-block 2j in their low nibbles (run 0) and of sub-block 2j + 1 in their high ones (run 1), j = 2G + c / 2.
@@ -56,7 +74,7 @@ struct TileQ4K {
     }
     __device__ static int run_at(int run, int c) { return 64 * (c / 2) + 32 * run + 16 * (c % 2); }
 
-    __device__ __forceinline__ void fragments(int G, int run, int c, uint32_t (&a)[4][2][4]) const {
+    __device__ __forceinline__ void fragments(int G, int run, int c, uint32_t (&a)[4][2][4], uint32_t magic) const {
         const __half2 bias = __float2half2_rn(1024.0f);
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
@@ -67,13 +85,14 @@ struct TileQ4K {
             // the high nibbles come as 16·q: their d·sc is divided by 16, a power of two
             const __half2 mul = __float2half2_rn(d * (float)((run ? sc >> 8 : sc) & 0xFF) * (run ? 0.0625f : 1.0f));
             const __half2 add = __float2half2_rn(-dmin * (float)((run ? mn >> 8 : mn) & 0xFF));
-            const uint32_t mask = run ? 0x00F000F0u : 0x000F000Fu;
             const uint32_t w[4] = {qs[r].x, qs[r].y, qs[r].z, qs[r].w};
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                a[i][r / 2][r % 2] = weight_pair(pair_bytes(w[i], true) & mask | 0x64006400u, bias, mul, add);
-                a[i][r / 2][r % 2 + 2] = weight_pair(pair_bytes(w[i], false) & mask | 0x64006400u, bias, mul, add);
-            }
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const uint32_t v = run ? pair_bits<0x00F000F0u>(w[i], e == 0, magic) : pair_bits<0x000F000Fu>(w[i], e == 0, magic);
+                    a[i][r / 2][r % 2 + 2 * e] = weight_pair(v, bias, mul, add);
+                }
         }
     }
 };
@@ -100,7 +119,7 @@ struct TileQ6K {
     }
     __device__ static int run_at(int run, int c) { return 64 * run + 16 * c; }
 
-    __device__ __forceinline__ void fragments(int, int run, int c, uint32_t (&a)[4][2][4]) const {
+    __device__ __forceinline__ void fragments(int, int run, int c, uint32_t (&a)[4][2][4], uint32_t magic) const {
         const __half2 bias = __float2half2_rn(1056.0f), add = __float2half2_rn(0.0f);  // 1024 + 32: q6 - 32
         const int shift = 4 * run + 2 * (c / 2);
 #pragma unroll
@@ -109,8 +128,8 @@ struct TileQ6K {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const uint32_t q = (ql[r][i] >> (4 * run) & 0x0F0F0F0Fu) | (qh[r][i] >> shift & 0x03030303u) << 4;
-                a[i][r / 2][r % 2] = weight_pair(pair_bytes(q, true) | 0x64006400u, bias, mul, add);
-                a[i][r / 2][r % 2 + 2] = weight_pair(pair_bytes(q, false) | 0x64006400u, bias, mul, add);
+#pragma unroll
+                for (int e = 0; e < 2; ++e) a[i][r / 2][r % 2 + 2 * e] = weight_pair(pair_bits<0x003F003Fu>(q, e == 0, magic), bias, mul, add);
             }
         }
     }
@@ -135,7 +154,7 @@ struct TileQ80 {
     }
     __device__ static int run_at(int run, int c) { return 64 * run + 16 * c; }
 
-    __device__ __forceinline__ void fragments(int, int run, int, uint32_t (&a)[4][2][4]) const {
+    __device__ __forceinline__ void fragments(int, int run, int, uint32_t (&a)[4][2][4], uint32_t) const {
         const __half2 bias = __float2half2_rn(1152.0f), add = __float2half2_rn(0.0f);  // int8 q + 128 over 1024
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
@@ -143,8 +162,9 @@ struct TileQ80 {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const uint32_t w = qs[r][run][i];
-                a[i][r / 2][r % 2] = weight_pair((pair_bytes(w, true) & 0x00FF00FFu) ^ 0x64806480u, bias, mul, add);
-                a[i][r / 2][r % 2 + 2] = weight_pair((pair_bytes(w, false) & 0x00FF00FFu) ^ 0x64806480u, bias, mul, add);
+#pragma unroll
+                for (int e = 0; e < 2; ++e)  // the sign bit flipped: q + 128
+                    a[i][r / 2][r % 2 + 2 * e] = weight_pair(pair_bits<0x00FF00FFu>(w, e == 0, 0x64806480u), bias, mul, add);
             }
         }
     }
@@ -180,6 +200,7 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ W, const _
     };
 
     float acc[2][GT_TOKENS / 8][4] = {};  // [tile][token tile]: rows 16·tile + g (+ 8), tokens 8·tt + 2c (+ 1)
+    const uint32_t magic = 0x64006400u;  // | 1024 in both halves' exponents
     // step 2s + h multiplies half h of superblock s from `cur` and has the next half's weights loaded into `next`
     auto step = [&](int s, int h, T& cur, T& next) {
         if (h == 0) {
@@ -198,7 +219,7 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ W, const _
 #pragma unroll
         for (int run = 0; run < 2; ++run) {
             uint32_t a[4][2][4];
-            cur.fragments(h, run, c, a);
+            cur.fragments(h, run, c, a, magic);
             const int k0 = 16 * h + T::run_at(run, c) / 8;
 #pragma unroll
             for (int tt = 0; tt < GT_TOKENS / 8; ++tt) {

@@ -395,7 +395,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._top = s.carve(8 * TOP_K_MAX + 16)  # top_k's ids, values and (max, sum of exp)
         self._w16 = s.carve(self._w16_bytes) if self._w16_bytes else 0
         self._xh = s.carve(xh_bytes) if xh_bytes else 0
-        self._xh_of: Tensor | None = None  # the tensor the f16 scratch holds
+        self._xh_of: tuple[Tensor, bool] | None = None  # the tensor the f16 scratch holds, and whether interleaved
         self._partials = s.carve(ATTENTION_PARTIALS_BYTES)
         self._gemm_partials = s.carve(self._gemm_partials_bytes())
         self._angles = s.carve(8 * ROPE_MAX_DIMS // 2 * MAX_BATCH)  # (cos, sin) of a pass's tokens' rotated pairs
@@ -732,7 +732,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 dev.launch(g.kernel, (g.units, -(-x.rows // GEMM_FRAG_TOKENS)), g.threads, (*g.weights, self._xh, *products, *g.rows, x.rows))
                 continue
             if g.path in ("tile", "tile_split"):  # token tiles first: those sharing a weight's rows run together, its bytes read once
-                self._to_f16(x)
+                self._to_f16(x, interleaved=True)
                 dev.launch(g.kernel, (-(-x.rows // GEMM_TILE_TOKENS), g.units, GEMM_TILE_SPLITS if g.path == "tile_split" else 1),
                            g.threads, (*g.weights, self._xh, *products, *g.rows, x.rows), g.shared)
                 continue
@@ -794,12 +794,14 @@ class CudaOps(ExpertOps, DeltaNetOps):
                        (self._w16, self._xh, out.ptr + 4 * r0, add.ptr + 4 * r0 if add is not None else 0,
                         rows, k, t, weight.n_rows))
 
-    def _to_f16(self, x: Tensor) -> None:
-        """x rounded to f16 in the scratch (kernels/gemm_f16.cu to_f16), unless it holds this x already."""
-        if self._xh_of is not x:
+    def _to_f16(self, x: Tensor, interleaved: bool = False) -> None:
+        """x rounded to f16 in the scratch (kernels/gemm_f16.cu to_f16; interleaved: each 4 values' middle two
+        swapped, kernels/gemm_tile.cu to_f16_interleaved), unless it holds this x so already."""
+        held = self._xh_of
+        if held is None or held[0] is not x or held[1] != interleaved:
             n = x.rows * x.cols
-            self.device.launch("to_f16", (-(-n // 1024),), 256, (x.ptr, self._xh, n))
-            self._xh_of = x
+            self.device.launch("to_f16_interleaved" if interleaved else "to_f16", (-(-n // 1024),), 256, (x.ptr, self._xh, n))
+            self._xh_of = (x, interleaved)
 
     def _elementwise(self, kernel: str, a: Tensor, b: Tensor) -> Tensor:
         out = self._new(a.rows, a.cols)

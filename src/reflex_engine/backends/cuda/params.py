@@ -46,6 +46,8 @@ KERNELS = {
     "smoke": "PPi",
     # gemm_f16.cu
     "to_f16": "PPq",
+    # gemm_tile.cu
+    "to_f16_interleaved": "PPq",
     "gemm_f16_64": "PPPPiiii",
     "gemm_f16_128": "PPPPiiii",
     # matvec_x16.cu
