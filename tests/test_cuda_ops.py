@@ -129,9 +129,10 @@ def test_fragment_gemm_rounds_only_x_to_f16(gpu, qtype):
     """Q4_K and Q8_0 rows of 4,096 columns or more take kernels/gemm_frag.cu on short prompts, which keeps the
     weights exact (the quants, Q4_K's sc·q and m, as f16 integers; d and dmin applied in float32): against the
     reference on x rounded to f16 it agrees to float32 summation, where weights rounded to f16 (gemm.cu) cost
-    ~1e-3. 132 rows: a block's 32 and a partial one; 17 steps of 256 columns: 8 warps, one with a third."""
+    ~1e-3. 132 rows: a block's 32 and a partial one; 17 steps of 256 columns: 8 warps, one with a third. Past
+    32 tokens the tile GEMM takes them (test_long_prompts_multiply_the_blocks_themselves)."""
     w_cpu, w_gpu = both(gpu, qtype, 132, 4352)
-    for n_tok in (9, 16, 17, 40):
+    for n_tok in (9, 16, 17, GEMM_TILE_MIN_TOKENS - 1):
         x = rng.standard_normal((n_tok, 4352)).astype(np.float32)
         got = gpu.to_host(gpu.matmul(host(gpu, x), w_gpu))
         ref = cpu.matmul(x.astype(np.float16).astype(np.float32), w_cpu).astype(np.float64)
