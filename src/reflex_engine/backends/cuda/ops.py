@@ -75,6 +75,10 @@ GEMM_TILE_SPLIT_BLOCKS_AN_SM = 1
 # past the int16 passes' tokens (MATVEC_PASSES_MAX_TOKENS): H200, Qwen3-8B Q4_K_M prompt passes, ms, against gemm_frag /
 # gemm_f16.cu: 32 tokens 10.23 / 9.01, 40 11.98 / 13.59, 64 11.09 / 15.35, 128 16.10 / 35.63 (docs/perf-notes.md run 27)
 GEMM_TILE_MIN_TOKENS = 33
+# and up to here for these types: Q8_0's rows, twice Q4_K's bytes a weight, are read again by each tile of 64 tokens,
+# and past ~330 tokens the f16 copy costs less (8B Q8_0 prefill, ms, tile / f16 copy: 128 tokens 20.0 / 35.7, 512
+# 60.1 / 46.2; docs/perf-notes.md run 27)
+GEMM_TILE_MAX_TOKENS = {GGMLType.Q8_0: 256}
 # up to here a matrix of at most MATVEC_MAX_ROWS rows takes int16 passes of 8 tokens (wider ones
 # take the GEMMs past one pass): the int16 scratch holds this many tokens
 MATVEC_PASSES_MAX_TOKENS = 32
@@ -165,7 +169,8 @@ def token_class(n_tok: int) -> int:
         return 1
     if n_tok <= MATVEC_PASSES_MAX_TOKENS:
         return 2 if n_tok <= MATVEC_MAX_TOKENS else 3
-    return 4 + (n_tok >= GEMM_TILE_MIN_TOKENS) + 2 * (n_tok >= F16_GEMM_MIN_TOKENS)
+    return 4 + (n_tok >= GEMM_TILE_MIN_TOKENS) + 2 * (n_tok >= F16_GEMM_MIN_TOKENS) \
+        + 4 * sum(n_tok > most for most in GEMM_TILE_MAX_TOKENS.values())
 
 
 class Group(NamedTuple):
@@ -662,8 +667,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
             # a weight wider than reserve planned the int16 scratch for keeps the float kernel, as do passes past 32 tokens
             x16 = weight.ggml_type in X16_MATVEC_TYPES and n_cols <= self._x16_width and x.rows <= MATVEC_PASSES_MAX_TOKENS
             return "x16" if x16 else "float"
-        if x.rows >= GEMM_TILE_MIN_TOKENS and weight.ggml_type in GEMM_TILE_TYPES and n_cols % 256 == 0 \
-                and n_cols >= MMA_MIN_COLS and 2 * x.rows * n_cols <= self._xh_bytes:
+        if GEMM_TILE_MIN_TOKENS <= x.rows <= GEMM_TILE_MAX_TOKENS.get(weight.ggml_type, MAX_BATCH) \
+                and weight.ggml_type in GEMM_TILE_TYPES and n_cols % 256 == 0 and n_cols >= MMA_MIN_COLS \
+                and 2 * x.rows * n_cols <= self._xh_bytes:
             blocks = -(-n_rows // GEMM_TILE_ROWS) * -(-x.rows // GEMM_TILE_TOKENS)  # the weight's own: split alike in any launch
             return "tile_split" if self._sm90 and blocks < GEMM_TILE_SPLIT_BLOCKS_AN_SM * self.device.info.multiprocessors else "tile"
         if x.rows >= F16_GEMM_MIN_TOKENS and 2 * n_cols <= self._w16_bytes and 2 * x.rows * n_cols <= self._xh_bytes:
