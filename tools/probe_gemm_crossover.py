@@ -43,7 +43,7 @@ def main() -> None:
 
     paths = {"frag, blocks or f16 (before)": 1 << 30, "tile (gemm_tile.cu)": ops.MATVEC_MAX_TOKENS + 1}
     print(f"## {args.model}: prompt pass ms, median of {args.runs}\n")
-    print("| tokens | " + " | ".join(paths) + " |\n|---" * (len(paths) + 1) + "|")
+    print("| tokens | " + " | ".join(paths) + " |\n" + "|---" * (len(paths) + 1) + "|")
     for n in lengths:
         cells = []
         for threshold in paths.values():
