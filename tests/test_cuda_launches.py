@@ -454,13 +454,9 @@ def test_a_short_prompts_gemm_splits_the_columns_of_weights_too_small_to_fill_th
                 assert gemm_splits([64, rows, 9000], n_cols, tiles, target)[1][1] == s
 
 
-@pytest.mark.parametrize("capability", [(9, 0), (8, 9)])
-def test_rows_of_4096_columns_or_more_take_the_tensor_core_kernels(fake, monkeypatch, capability):
-    """One token's Q4_K matvec (kernels/matvec_x16_mma.cu) and a short prompt's Q4_K and Q8_0 GEMM
-    (kernels/gemm_frag.cu) run on tensor cores for rows of ops.MMA_MIN_COLS columns or more; narrower rows
-    and the other types keep the int16 matvec and gemm.cu, faster there on the H200 (docs/perf-notes.md run 10).
-    From sm_90 on, the Q4_K matvec streams its rows through shared memory by bulk copies: at most 2 blocks
-    an SM, each with its stages' shared memory allowed; before sm_90 its blocks load them into registers."""
+def recorded_launches(fake, monkeypatch, capability):
+    """A fake driver of that compute capability, with its launches (name, grid, dynamic shared bytes) and its
+    functions' attributes set (name, attribute, value) recorded in the two lists returned."""
     lib = fake(capability=capability)
     launched: list[tuple[str, tuple, int]] = []
     launch = device_module.Device.launch
@@ -470,6 +466,17 @@ def test_rows_of_4096_columns_or_more_take_the_tensor_core_kernels(fake, monkeyp
     allowed = []
     monkeypatch.setattr(lib, "cuFuncSetAttribute", lambda fn, attr, value: allowed.append((lib._name(fn), attr, value)) or 0,
                         raising=False)
+    return launched, allowed
+
+
+@pytest.mark.parametrize("capability", [(9, 0), (8, 9)])
+def test_rows_of_4096_columns_or_more_take_the_tensor_core_kernels(fake, monkeypatch, capability):
+    """One token's Q4_K matvec (kernels/matvec_x16_mma.cu) and a short prompt's Q4_K and Q8_0 GEMM
+    (kernels/gemm_frag.cu) run on tensor cores for rows of ops.MMA_MIN_COLS columns or more; narrower rows
+    and the other types keep the int16 matvec and gemm.cu, faster there on the H200 (docs/perf-notes.md run 10).
+    From sm_90 on, the Q4_K matvec streams its rows through shared memory by bulk copies: at most 2 blocks
+    an SM, each with its stages' shared memory allowed; before sm_90 its blocks load them into registers."""
+    launched, allowed = recorded_launches(fake, monkeypatch, capability)
     shapes = [(t, n_cols) for t in (GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q6_K) for n_cols in (1024, 4096)]
     ops = ops_module.CudaOps()
     ops.reserve([(t, (n_cols, 256)) for t, n_cols in shapes] + [(GGMLType.Q4_K, (12288, 9000))], CacheShape(1, 16, 64, 64),
@@ -512,15 +519,7 @@ def test_prompts_past_the_int16_passes_multiply_the_blocks_in_tiles_of_64_tokens
     shared memory. A weight of fewer blocks than SMs takes, from sm_90 on, clusters of GEMM_TILE_SPLITS blocks
     (grid z), each a share of the columns. Narrower rows keep gemm.cu, then the f16 copy (gemm_f16.cu), and so do
     Q8_0's past GEMM_TILE_MAX_TOKENS."""
-    lib = fake(capability=capability)
-    launched: list[tuple[str, tuple, int]] = []
-    launch = device_module.Device.launch
-    monkeypatch.setattr(device_module.Device, "launch",
-                        lambda self, name, grid, block, args, smem=0: (launched.append((name, grid, smem)),
-                                                                       launch(self, name, grid, block, args, smem)))
-    allowed = []
-    monkeypatch.setattr(lib, "cuFuncSetAttribute", lambda fn, attr, value: allowed.append((lib._name(fn), value)) or 0,
-                        raising=False)
+    launched, allowed = recorded_launches(fake, monkeypatch, capability)
     # 20,000 rows: 157 groups of 128, past the fake's 132 SMs at one token tile
     shapes = [(GGMLType.Q4_K, 4096, 256), (GGMLType.Q6_K, 4096, 256), (GGMLType.Q8_0, 4096, 256),
               (GGMLType.Q4_K, 4096, 20000), (GGMLType.Q4_K, 1024, 256)]
@@ -559,7 +558,8 @@ def test_prompts_past_the_int16_passes_multiply_the_blocks_in_tiles_of_64_tokens
         ("Q4_K", 1024, 256, 130): [("gemm_f16_64", (4, 3), 0)],
         ("Q4_K", 1024, 256, 300): [("gemm_f16_64", (4, 5), 0)],
     }
-    assert (f"{tile}_q4_K", shared) in allowed and ("gemm_tile_q4_K", shared) in allowed
+    most = driver.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    assert (f"{tile}_q4_K", most, shared) in allowed and ("gemm_tile_q4_K", most, shared) in allowed
 
 
 class StreamInOrder:
