@@ -1,8 +1,8 @@
 // Prompts' Q4_K, Q6_K and Q8_0 matmuls on tensor cores straight from the GGUF blocks: Y (n_tok, n_rows) =
-// X · Wᵀ (+ add), X as f16 with its pairs interleaved (to_f16_interleaved), from ops.GEMM_TILE_MIN_TOKENS tokens on. Why: gemm_f16.cu
-// multiplies an f16 copy of the weights that a pass first writes to memory, 2 bytes a weight written and
-// read back whatever the prompt's length; on the H200 an 8B Q4_K_M pass of 128 tokens took 35 ms that way,
-// 512 tokens 46 (docs/perf-notes.md run 27). Here a weight's GGUF bytes are read once a tile of 64 tokens,
+// X · Wᵀ (+ add), X as f16 with its pairs interleaved (to_f16_interleaved), from ops.GEMM_TILE_MIN_TOKENS tokens
+// on. Why: gemm_f16.cu multiplies an f16 copy of the weights that a pass first writes to memory, 2 bytes a weight
+// written and read back whatever the prompt's length; on the H200 an 8B Q4_K_M pass of 128 tokens took 35 ms that
+// way, 512 tokens 46 (docs/perf-notes.md run 27). Here a weight's GGUF bytes are read once a tile of 64 tokens,
 // and from L2 after the first of the tiles that share its rows: the token tiles are the grid's fast dimension.
 //
 // A block is GT_WARPS warps x 32 rows by 64 tokens. Its warps walk the same superblocks in step, half a
@@ -10,12 +10,13 @@
 // for all of them (cp.async, two stages), and each lane has the next half's weights in flight in registers
 // while it multiplies this one's. Lane (g, c) holds rows g + 8r (r = 0..3: two tiles of 16) and, of each
 // half, two runs of 16 consecutive elements (the type's run_at), a run one scale (and min) a row; it makes
-// its own A fragments of them: word i of a run (elements 4i..4i+3, a byte each) gives the mma's k-slots (2c, 2c + 1)
-// and (2c + 8, 2c + 9) the pairs (4i, 4i + 2) and (4i + 1, 4i + 3), its bytes 0 and 2 by a mask and 1 and 3 by a
-// shift and a mask (a byte permute a pair cost twice the instructions), and as a B lane token g gives x at the same
-// elements, which X's interleaved order puts in consecutive halves. A weight enters the mma as f16: its quant exact (an integer through the mantissa: | 0x6400 is
-// 1024 + q), then q·(d·sc) - dmin·m in one f16 FMA, d·sc and dmin·m rounded to f16 first: about the one
-// rounding gemm_f16.cu's copy gives a weight. Sums are float32 in the mma.
+// its own A fragments of them: word i of a run (elements 4i..4i+3, a byte each) gives the mma's k-slots
+// (2c, 2c + 1) and (2c + 8, 2c + 9) the pairs (4i, 4i + 2) and (4i + 1, 4i + 3), a mask of the word or of it
+// shifted by a byte (a byte permute a pair cost twice the instructions), and as a B lane token g gives x at
+// the same elements, which X's interleaved order puts in consecutive halves. A weight enters the mma as f16:
+// its quant exact (an integer through the mantissa: | 0x6400 is 1024 + q), then q·(d·sc) - dmin·m in one f16
+// FMA, d·sc and dmin·m rounded to f16 first: about the one rounding gemm_f16.cu's copy gives a weight. Sums
+// are float32 in the mma.
 //
 // A launch of fewer blocks than SMs (a short prompt's o and down: 4,096 rows are 32 blocks a token tile) runs
 // gemm_tile_split_*: clusters of GT_SPLITS blocks, each taking a share of the superblocks, whose first adds the
@@ -34,7 +35,7 @@ constexpr int GT_STAGE_CHUNKS = GT_TOKENS * GT_CHUNKS;
 // folded into bit 0, and odd tokens' chunks XOR 5, put each load's 8 lanes in 8 distinct bank groups for both.
 __device__ __forceinline__ int gt_chunk(int t, int k) { return GT_CHUNKS * t + (k ^ (k >> 3 & 1) ^ (t & 1) * 5); }
 
-// q - bias as exact f16 pairs, then times mul plus add in one f16 FMA: v holds 1024 + bias + q.
+// q as exact f16 pairs (v holds bias + q in each half), then times mul plus add in one f16 FMA.
 __device__ __forceinline__ uint32_t weight_pair(uint32_t v, __half2 bias, __half2 mul, __half2 add) {
     return as_u32(__hfma2(__hsub2(*reinterpret_cast<const __half2*>(&v), bias), mul, add));
 }
@@ -207,8 +208,9 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ W, const _
             if (s + 1 < s_end) stage_x(s + 1);
             else cp_async_commit();  // an empty group: the wait counts groups
             if (s + 2 < s_end) {  // L2 has them by the time `next` asks: one half's multiplies alone left its loads waiting
+                constexpr int SUPER = sizeof(B) * (256 / B::elems);  // a superblock's bytes; the lanes ask within it
 #pragma unroll
-                for (int r = 0; r < 4; ++r) prefetch_l2(rows[r] + sizeof(B) * (256 / B::elems) * (size_t)(s + 2) + 64 * c);
+                for (int r = 0; r < 4; ++r) prefetch_l2(rows[r] + SUPER * (size_t)(s + 2) + min(64 * c, SUPER - 1));
             }
             cp_async_wait<1>();
             __syncthreads();  // superblock s's X is in, from every thread's copies
