@@ -147,15 +147,18 @@ def test_long_prompts_multiply_the_blocks_themselves(monkeypatch, qtype):
     as gemm_f16.cu's copy has it. 300 rows: two blocks of 128 and a partial one; 65 and 130 tokens: a partial token
     tile; 17 superblocks a row: an odd one last, in the second of the two stages. A launch of few blocks takes
     clusters of GEMM_TILE_SPLITS, each a share of the 17 (4, 4, 4, 5), the first adding the others' sums: the same
-    product to float32 rounding, the same bits on every call."""
+    product to float32 rounding, the same bits on every call. In either form a weight's product is its own launch's
+    bits when another weight (200 rows) shares the launch."""
     from reflex_engine.backends.cuda import CudaOps, ops as cuda_ops
 
     gpu = CudaOps()  # its own scratch: the module's f16 x holds 512 columns of a long prompt
     if not gpu._sm90:
         pytest.skip("the split form's clusters need sm_90 or later")
     n_rows, n_cols = 300, 4352
-    gpu.reserve([(qtype, (n_cols, n_rows))], CacheShape(1, 16, 64, 64), activation_width=4 * (n_rows + n_cols))
+    gpu.reserve([(qtype, (n_cols, n_rows)), (qtype, (n_cols, 200))], CacheShape(1, 16, 64, 64),
+                activation_width=4 * (n_rows + 200 + n_cols))
     w_cpu, w_gpu = both(gpu, qtype.name, n_rows, n_cols)
+    other = both(gpu, qtype.name, 200, n_cols)[1]
     launched = []
     launch = gpu.device.launch
     monkeypatch.setattr(gpu.device, "launch", lambda name, *a: (launched.append(name), launch(name, *a)))
@@ -171,6 +174,9 @@ def test_long_prompts_multiply_the_blocks_themselves(monkeypatch, qtype):
             assert launched.count(f"gemm_{form}_{kernel_suffix(qtype)}") == 2 and not any(n.startswith("dequant_f16") for n in launched)
             assert rel_err(products[form][0], ref) < 1e-3, (form, n_tok)
             np.testing.assert_array_equal(products[form][1], products[form][0])
+            together = [gpu.to_host(y) for y in gpu.matmuls(host(gpu, x), [w_gpu, other])]
+            np.testing.assert_array_equal(together[0], products[form][0])
+            np.testing.assert_array_equal(together[1], gpu.to_host(gpu.matmul(host(gpu, x), other)))
         assert rel_err(products["tile_split"][0], products["tile"][0].astype(np.float64)) < 2e-5, n_tok
 
 
