@@ -164,7 +164,8 @@ def decode_slots(start: int) -> int:
 
 def token_class(n_tok: int) -> int:
     """Token counts that CudaOps._path tells apart alike: 1, up to a pass of the matvecs, up to their
-    int16 scratch, short prompts, long ones."""
+    int16 scratch, then by the side of each prompt GEMM's bounds they lie on (GEMM_TILE_MIN_TOKENS,
+    F16_GEMM_MIN_TOKENS, GEMM_TILE_MAX_TOKENS)."""
     if n_tok == 1:
         return 1
     if n_tok <= MATVEC_PASSES_MAX_TOKENS:
