@@ -624,6 +624,7 @@ def test_splits_merged_in_a_cluster_give_the_bits_of_the_merge_through_memory(gp
     launched.clear()
     through_memory = attention_matches_the_cpus(gpu, n_heads, n_kv, d, 1024, steps, qkv)
     assert "attention_cluster" not in [k for k, _ in launched]
+
     def cut(step, n_splits):
         a, b, batch = step
         return max(ATTENTION_SPLIT_SLOTS, -(-(batch.start + b - a) // n_splits))

@@ -64,12 +64,13 @@ extern "C" __global__ void __launch_bounds__(256) to_f16_interleaved(const float
 // Q4_K: half G of superblock s is qs[64G ..]; lane c's 16 bytes qs[64G + 16c ..] hold elements 16(c % 2).. of
 // sub-block 2j in their low nibbles (run 0) and of sub-block 2j + 1 in their high ones (run 1), j = 2G + c / 2.
 struct TileQ4K {
+    using Block = block_q4_K;
     uint4 head[4], qs[4];  // each row's d, dmin and 6-bit scales; its 16 bytes of quants
 
     __device__ __forceinline__ void load(const uint8_t* const (&rows)[4], int s, int G, int c) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-            const uint4* b = reinterpret_cast<const uint4*>(rows[r] + sizeof(block_q4_K) * (size_t)s);
+            const uint4* b = reinterpret_cast<const uint4*>(rows[r] + sizeof(Block) * (size_t)s);
             head[r] = __ldcg(b), qs[r] = __ldcg(b + 1 + 4 * G + c);
         }
     }
@@ -103,6 +104,7 @@ struct TileQ4K {
 // qh[32h + 16(c % 2) ..] at bit 2(c / 2) and 4 + 2(c / 2); runs take scales[8h + c] and scales[8h + 4 + c].
 // Blocks of 210 bytes: the loads are shifted words (their reach stays in the block or the one before).
 struct TileQ6K {
+    using Block = block_q6_K;
     uint32_t ql[4][4], qh[4][4];
     int scales[4][2];
     float d[4];
@@ -110,7 +112,7 @@ struct TileQ6K {
     __device__ __forceinline__ void load(const uint8_t* const (&rows)[4], int s, int h, int c) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-            const uint8_t* b = rows[r] + sizeof(block_q6_K) * (size_t)s;
+            const uint8_t* b = rows[r] + sizeof(Block) * (size_t)s;
             load_words_shifted(b + 64 * h + 16 * c, ql[r]);
             load_words_shifted(b + 128 + 32 * h + 16 * (c % 2), qh[r]);
             const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * h + c);
@@ -140,6 +142,7 @@ struct TileQ6K {
 // 4G + c / 2, quants 16(c % 2)..), run 1 elements 64 + 16c.. (block 4G + 2 + c / 2). Blocks of 34 bytes: shifted
 // words, reaching at most the next block's d (or the carve's padding past the last block).
 struct TileQ80 {
+    using Block = block_q8_0;
     uint32_t qs[4][2][4];
     float d[4][2];
 
@@ -148,7 +151,7 @@ struct TileQ80 {
         for (int r = 0; r < 4; ++r)
 #pragma unroll
             for (int run = 0; run < 2; ++run) {
-                const uint8_t* b = rows[r] + sizeof(block_q8_0) * ((size_t)8 * s + 4 * G + 2 * run + c / 2);
+                const uint8_t* b = rows[r] + sizeof(Block) * ((size_t)8 * s + 4 * G + 2 * run + c / 2);
                 load_words_shifted(b + 2 + 16 * (c % 2), qs[r][run]);
                 d[r][run] = f16_to_float(load_u16(b));
             }
@@ -173,10 +176,11 @@ struct TileQ80 {
 
 // Rows row0.. row0 + GT_ROWS - 1 of Y for tokens tok0.. tok0 + 63, over superblocks s_begin.. s_end - 1 (SPLIT: the
 // block's share; the cluster's first block stores the tile); every thread of the block calls it.
-template <class T, class B, bool SPLIT>
+template <class T, bool SPLIT>
 __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ W, const __half* __restrict__ X, float* __restrict__ Y,
                                           const float* __restrict__ add, int row0, int n_rows, int n_cols, int tok0,
                                           int n_tok, int s_begin, int s_end) {
+    using B = typename T::Block;
     extern __shared__ uint4 xs[];  // GT_STAGES stages of GT_STAGE_CHUNKS chunks
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane / 4, c = lane % 4;
     const size_t stride = row_bytes<B>(n_cols);
@@ -294,22 +298,22 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ W, const _
 #else
 #define GT_SPLIT_DIMS
 #endif
-#define GEMM_TILE_KERNEL(name, T, B, SPLIT, DIMS)                                                                 \
+#define GEMM_TILE_KERNEL(name, T, SPLIT, DIMS)                                                                 \
     extern "C" __global__ void DIMS __launch_bounds__(GT_WARPS * WARP, 2)                                         \
         name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const __half* X, float* Y0, float* Y1,      \
              float* Y2, const float* add, int rows0, int rows1, int rows2, int n_cols, int n_tok) {               \
         follow_previous_kernel();                                                                                 \
         int u = blockIdx.y;                                                                                       \
         const int i = fused_part(u, GT_ROWS, rows0, rows1), n_super = n_cols / 256;                              \
-        gemm_tile<T, B, SPLIT>(pick(i, W0, W1, W2), X, pick(i, Y0, Y1, Y2), i == 0 ? add : nullptr, u * GT_ROWS, \
+        gemm_tile<T, SPLIT>(pick(i, W0, W1, W2), X, pick(i, Y0, Y1, Y2), i == 0 ? add : nullptr, u * GT_ROWS, \
                                pick(i, rows0, rows1, rows2), n_cols, blockIdx.x * GT_TOKENS, n_tok,               \
                                blockIdx.z * n_super / gridDim.z, (blockIdx.z + 1) * n_super / gridDim.z);         \
     }
-#define GEMM_TILE_KERNELS(name, T, B)                                 \
-    GEMM_TILE_KERNEL(gemm_tile_##name, T, B, false, )                 \
-    GEMM_TILE_KERNEL(gemm_tile_split_##name, T, B, true, GT_SPLIT_DIMS)
-GEMM_TILE_KERNELS(q4_K, TileQ4K, block_q4_K)
-GEMM_TILE_KERNELS(q6_K, TileQ6K, block_q6_K)
-GEMM_TILE_KERNELS(q8_0, TileQ80, block_q8_0)
+#define GEMM_TILE_KERNELS(name, T)                                 \
+    GEMM_TILE_KERNEL(gemm_tile_##name, T, false, )                 \
+    GEMM_TILE_KERNEL(gemm_tile_split_##name, T, true, GT_SPLIT_DIMS)
+GEMM_TILE_KERNELS(q4_K, TileQ4K)
+GEMM_TILE_KERNELS(q6_K, TileQ6K)
+GEMM_TILE_KERNELS(q8_0, TileQ80)
 #undef GEMM_TILE_KERNELS
 #undef GEMM_TILE_KERNEL

@@ -53,7 +53,8 @@ X16_BULK_SHARED = X16_BULK_STAGES * (X16_MMA_ROWS * X16_MMA_WARPS * GGML_BLOCK[G
 MMA_MIN_COLS = 4096
 # the int16 matvecs and the short-prompt GEMMs take three weights of one type in one launch (q, k, v; the
 # absent ones 0), and runs of up to MAX_FUSED weights are given to them together
-FUSED_WEIGHTS, FUSED_PATHS = 3, ("x16", "blocks", "frag", "tile", "tile_split")
+TILE_PATHS = ("tile", "tile_split")  # kernels/gemm_tile.cu, one block a group of rows or a cluster of GEMM_TILE_SPLITS
+FUSED_WEIGHTS, FUSED_PATHS = 3, ("x16", "blocks", "frag", *TILE_PATHS)
 MAX_FUSED = FUSED_WEIGHTS
 # the short-prompt GEMM splits a weight's columns over blocks (each the same share) until its blocks number
 # this many an SM, its residency: 32 rows x 32 tokens a block leave most SMs idle on a 16-token prompt
@@ -687,7 +688,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             kernel, per, threads = f"gemm_{suffix}", 32, 256
         elif path == "frag":
             kernel, per, threads = f"gemm_frag_{suffix}", GEMM_FRAG_ROWS, 32 * min(GEMM_FRAG_WARPS, n_cols // 256)
-        elif path in ("tile", "tile_split"):
+        elif path in TILE_PATHS:
             kernel, per, threads, shared = f"gemm_{path}_{suffix}", GEMM_TILE_ROWS, 32 * GEMM_TILE_WARPS, GEMM_TILE_SHARED
             self.device.allow_shared(kernel, shared)
         elif n_tok == 1 and group[0].ggml_type in X16_MMA_TYPES and n_cols >= MMA_MIN_COLS:
@@ -738,7 +739,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 self._to_f16(x)
                 dev.launch(g.kernel, (g.units, -(-x.rows // GEMM_FRAG_TOKENS)), g.threads, (*g.weights, self._xh, *products, *g.rows, x.rows))
                 continue
-            if g.path in ("tile", "tile_split"):  # token tiles first: those sharing a weight's rows run together, its bytes read once
+            if g.path in TILE_PATHS:  # token tiles first: those sharing a weight's rows run together, its bytes read once
                 self._to_f16(x, interleaved=True)
                 dev.launch(g.kernel, (-(-x.rows // GEMM_TILE_TOKENS), g.units, GEMM_TILE_SPLITS if g.path == "tile_split" else 1),
                            g.threads, (*g.weights, self._xh, *products, *g.rows, x.rows), g.shared)
