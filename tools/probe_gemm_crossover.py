@@ -27,9 +27,14 @@ def main() -> None:
     args = ap.parse_args()
     try:
         lengths = [int(t) for t in args.tokens.split(",")]
-        model = reflex_engine.load(args.model, device="cuda", n_ctx=max(lengths) + 64)
     except ValueError:
-        sys.exit(f"probe_gemm_crossover: --tokens takes comma-separated integers, not {args.tokens!r}")
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        sys.exit(f"probe_gemm_crossover: --tokens takes comma-separated integers of 1 or more, not {args.tokens!r}")
+    if args.runs < 1:
+        sys.exit("probe_gemm_crossover: --runs takes 1 or more")
+    try:
+        model = reflex_engine.load(args.model, device="cuda", n_ctx=max(lengths) + 64)
     except ReflexError as e:
         sys.exit(f"probe_gemm_crossover: {e}")
     rng, greedy = random.Random(0), SamplingParams(temperature=0)
