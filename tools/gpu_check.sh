@@ -88,7 +88,8 @@ CUDA_DISABLE_PTX_JIT=1 reflex smoke 2>&1 | tee -a "$LOG"
 
 # the transformers checks on CUDA: test_goldens, test_moe, test_mla, test_hybrid (device-parametrised, gpu-marked)
 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_ops.py tests/test_goldens.py tests/test_moe.py tests/test_mla.py \
-    tests/test_hybrid.py tests/test_cuda_cold_path.py tests/test_cuda_graphs.py ${GPU_TESTS:-} --timeout 300 > "$OUT/gpu-tests.log" 2>&1
+    tests/test_hybrid.py tests/test_cuda_cold_path.py tests/test_cuda_graphs.py tests/test_cuda_moe.py tests/test_cuda_mla.py \
+    tests/test_cuda_delta_net.py tests/test_cuda_upload.py ${GPU_TESTS:-} --timeout 300 > "$OUT/gpu-tests.log" 2>&1
 tail -3 "$OUT/gpu-tests.log"
 grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/gpu-tests.log" | head -40
 echo "tests done at $(elapsed) s"
