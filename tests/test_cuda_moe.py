@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 import reflex_engine
+from reflex_engine.backends.cuda.experts import GROUPED_MIN_TOKENS
+from reflex_engine.backends.cuda.ops import GEMM_TILE_TYPES, X16_MATVEC_TYPES
 from reflex_engine.gguf import GGML_BLOCK, GGMLType
 from reflex_engine.ops import Gating, Routes, Routing
 from reflex_engine.sampling import SamplingParams
-from test_cuda_ops import KERNEL_TYPES, cpu, gpu, host, loaded, random_weight, rel_err  # noqa: F401 (gpu: a fixture)
+from test_cuda_ops import KERNEL_TYPES, cpu, gpu, host, loaded, random_weight, recorded_launches, rel_err, x16_rounded  # noqa: F401 (gpu: a fixture)
 from test_goldens import paths
 
 pytestmark = pytest.mark.gpu
@@ -89,13 +91,62 @@ def device_routes(gpu, experts, weights):
                   gpu.from_host(np.ascontiguousarray(weights, np.float32)))
 
 
-def check_moe(gpu, x, experts, weights, mats):
+def f16(a):
+    return a.astype(np.float16).astype(np.float32)
+
+
+def rounded_reference(x, experts, weights, gate, up, down, x_rounded, h_rounded):
+    """cpu.moe_ffn with x and each expert's SwiGLU output rounded as the device's kernels take them."""
+    out = np.zeros((len(x), down.shape[1]), np.float64)
+    for e in np.unique(experts):
+        rows, slot = np.nonzero(experts == e)
+        h = h_rounded(cpu.swiglu(x_rounded(x[rows]) @ gate[e].T, x_rounded(x[rows]) @ up[e].T))
+        np.add.at(out, rows, (h @ down[e].T) * weights[rows, slot][:, None])
+    return out
+
+
+def experts_path(qtype, n_tok):
+    """Which kernels take a pass's experts of this type (the experts here: rows of whole superblocks): "tile"
+    (a prompt, kernels/gemm_tile.cu), "x16" (a decode pass on int16 x, kernels/matvec_x16.cu) or "float"."""
+    t = GGMLType[qtype]
+    if n_tok > GROUPED_MIN_TOKENS:
+        return "tile" if t in GEMM_TILE_TYPES else "float"
+    return "x16" if t in X16_MATVEC_TYPES else "float"
+
+
+def same(a):
+    return a
+
+
+# what each path rounds x and h to, how many launches of which kernels multiply gate, up and down (gate and up
+# in one on int16 x), and the tolerance left: the tile's for the weights' f16 rounding inside gemm_tile.cu (as its
+# dense GEMM's test allows), the int16 dot products' for float rounding
+PATHS = {"tile": (f16, f16, {"gemm_tile_experts_": 3}, 1e-3),
+         "tile, then float": (f16, same, {"gemm_tile_experts_": 2, "grouped_matvec_": 1}, 1e-3),
+         "x16": (x16_rounded, x16_rounded, {"stacked_matvec_x16_": 1, "experts_down_x16_": 1}, 1e-5),
+         "float": (same, same, {}, 1e-5)}
+
+
+def within_f16(x, experts, mats, most=1024.0):
+    """x scaled so that no chosen expert's SwiGLU output passes `most`, as a model's do, in f16's reach (65,504):
+    random K-quant experts take N(0, 1) inputs into the hundreds, and their SwiGLU into the hundred thousands."""
+    (gate, _), (up, _), _ = mats
+    h = max(float(np.abs(cpu.swiglu(x @ gate[e].T, x @ up[e].T)).max()) for e in np.unique(experts))
+    return x * np.float32(min(1.0, np.sqrt(most / h)))  # SwiGLU grows as x squared
+
+
+def check_moe(gpu, x, experts, weights, mats, path="float"):
+    """The device's moe_ffn against the reference, on the path's kernels."""
     (g_cpu, g_gpu), (u_cpu, u_gpu), (d_cpu, d_gpu) = mats
-    want = cpu.moe_ffn(x, Routes(experts, weights), gate=g_cpu, up=u_cpu, down=d_cpu)
+    x_rounded, h_rounded, kernels, tolerance = PATHS[path]
+    want = rounded_reference(x, experts, weights, g_cpu, u_cpu, d_cpu, x_rounded, h_rounded)
     gpu.poison()
     dx = gpu.from_host(x)
-    got = gpu.to_host(gpu.moe_ffn(dx, device_routes(gpu, experts, weights), gate=g_gpu, up=u_gpu, down=d_gpu))
-    assert rel_err(got, want) < 1e-5
+    with recorded_launches(gpu) as launched:
+        got = gpu.to_host(gpu.moe_ffn(dx, device_routes(gpu, experts, weights), gate=g_gpu, up=u_gpu, down=d_gpu))
+    assert {part: sum(part in name for name in launched) for part in kernels} == kernels
+    assert sum("_x16_" in name or "gemm_tile" in name for name in launched) == sum(kernels.values()) - kernels.get("grouped_matvec_", 0)
+    assert rel_err(got, want) < tolerance
     return got
 
 
@@ -104,10 +155,41 @@ def check_moe(gpu, x, experts, weights, mats):
 def test_moe_ffn_matches_the_cpu(gpu, qtype, n_tok):
     n_expert, k = 8, 3
     e, mats = experts_for(gpu, qtype, n_expert)
-    x = rng.standard_normal((n_tok, e)).astype(np.float32)
     experts = np.stack([rng.permutation(n_expert)[:k] for _ in range(n_tok)])
+    x = within_f16(rng.standard_normal((n_tok, e)).astype(np.float32), experts, mats)
     weights = rng.uniform(0, 1, (n_tok, k)).astype(np.float32)
-    check_moe(gpu, x, experts, weights, mats)
+    check_moe(gpu, x, experts, weights, mats, experts_path(qtype, n_tok))
+
+
+@pytest.mark.parametrize("qtype", [t.name for t in GEMM_TILE_TYPES])
+def test_a_prompts_experts_on_tensor_cores_take_tiles_of_64_pairs_and_never_read_unpicked_experts(gpu, qtype):
+    """Expert 2 takes every token's first slot: 150 pairs, three tiles (64, 64, 22); experts 0 and 5 share the
+    second slot (a partial tile each); no token picks the others, whose blocks' scales are NaN: a read of them
+    would reach the output. Rows of 2 and 3 superblocks; 6 and 4 blocks of 128 rows."""
+    n_expert, e, f, n_tok = 6, 512, 768, 150
+    t, d_at = GGMLType[qtype], {"Q4_K": 0, "Q6_K": 208, "Q8_0": 0}[qtype]
+    block, size = GGML_BLOCK[t]
+    mats = []
+    for n_rows, n_cols in ((f, e), (f, e), (e, f)):
+        blocks = np.frombuffer(random_weight(qtype, n_expert * n_rows, n_cols), np.uint8).reshape(n_expert, -1, size).copy()
+        blocks[[1, 3, 4], :, d_at : d_at + 2] = np.array([0x7E00], "<u2").view(np.uint8)  # f16 NaN
+        shape, data = (n_cols, n_rows, n_expert), blocks.tobytes()
+        mats.append((cpu.load_weight("w", t, shape, data), loaded(gpu, "w", t, shape, data)))
+    experts = np.stack([np.full(n_tok, 2), np.where(np.arange(n_tok) % 3, 0, 5)], axis=1)
+    x = within_f16(rng.standard_normal((n_tok, e)).astype(np.float32), experts, mats)
+    weights = rng.uniform(0, 1, (n_tok, 2)).astype(np.float32)
+    got = check_moe(gpu, x, experts, weights, mats, "tile")
+    assert np.isfinite(got).all()
+
+
+def test_a_prompts_experts_take_tiles_for_the_matrices_of_whole_superblocks_and_float_passes_for_the_others(gpu):
+    """As DeepSeek-V2-Lite's Q4_K_M file: Q4_K gate and up of 1,408 rows (ten blocks of 128 rows and a partial
+    one), a down of 1,408 columns, not whole superblocks, in Q8_0 (grouped_matvec, on h as it is)."""
+    n_expert, e, f, n_tok, k = 4, 512, 1408, 40, 2
+    mats = [stacked(gpu, qtype, n_expert, *shape) for qtype, shape in (("Q4_K", (f, e)), ("Q4_K", (f, e)), ("Q8_0", (e, f)))]
+    experts = np.stack([rng.permutation(n_expert)[:k] for _ in range(n_tok)])
+    x = within_f16(rng.standard_normal((n_tok, e)).astype(np.float32), experts, mats)
+    check_moe(gpu, x, experts, rng.uniform(0, 1, (n_tok, k)).astype(np.float32), mats, "tile, then float")
 
 
 def test_every_token_to_one_expert_and_experts_nobody_picks(gpu):

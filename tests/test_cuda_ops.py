@@ -1,6 +1,8 @@
 """Every CUDA op against the numpy backend (the reference proven against transformers), on fresh
 random inputs at several sizes, ragged ones included, with every activation buffer poisoned
 (NaN) before each op so an unwritten element fails the comparison."""
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -65,6 +67,17 @@ def loaded(gpu, name, t, shape, data):
 def host(gpu, x):
     gpu.poison()
     return gpu.from_host(np.ascontiguousarray(x, np.float32))
+
+
+@contextlib.contextmanager
+def recorded_launches(gpu):
+    """The names of the kernels gpu launches inside the block, in order."""
+    names, launch = [], gpu.device.launch
+    gpu.device.launch = lambda name, *args: (names.append(name), launch(name, *args))[1]
+    try:
+        yield names
+    finally:
+        del gpu.device.launch  # the class's method again
 
 
 def rel_err(got, ref):

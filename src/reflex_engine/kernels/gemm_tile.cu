@@ -309,11 +309,30 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ W, const _
                                pick(i, rows0, rows1, rows2), n_cols, blockIdx.x * GT_TOKENS, n_tok,               \
                                blockIdx.z * n_super / gridDim.z, (blockIdx.z + 1) * n_super / gridDim.z);         \
     }
+// A prompt's experts, its (token, slot) pairs grouped by expert (moe.cu moe_group: expert e's pairs are places
+// offsets[e].. offsets[e + 1] - 1): Y's place p (n_rows) = X's place p (n_cols, f16 interleaved) · W_eᵀ, W_e the
+// stacked weight's matrix e (matrix_bytes apart). Block x is the launch's tile x of 64 places, tiles[x] = (expert,
+// its first place from offsets[e]), or expert -1: no tile (the grid is sized for the most a prompt may have).
+// LAUNCH: block = 32 · GT_WARPS; grid = (tiles, ceil(n_rows / GT_ROWS)); gemm_tile_*'s shared memory and n_cols.
+#define GEMM_TILE_EXPERTS_KERNEL(name, T)                                                                        \
+    extern "C" __global__ void __launch_bounds__(GT_WARPS * WARP, 2)                                              \
+        gemm_tile_experts_##name(const uint8_t* W, int64_t matrix_bytes, const int2* tiles, const int* offsets,   \
+                                 const __half* X, float* Y, int n_rows, int n_cols) {                              \
+        follow_previous_kernel();                                                                                 \
+        const int2 tile = tiles[blockIdx.x];                                                                      \
+        if (tile.x < 0) return;                                                                                   \
+        const int first = offsets[tile.x];                                                                        \
+        gemm_tile<T, false>(W + tile.x * matrix_bytes, X + (size_t)first * n_cols, Y + (size_t)first * n_rows,   \
+                            nullptr, blockIdx.y * GT_ROWS, n_rows, n_cols, tile.y, offsets[tile.x + 1] - first, 0, \
+                            n_cols / 256);                                                                        \
+    }
 #define GEMM_TILE_KERNELS(name, T)                                 \
     GEMM_TILE_KERNEL(gemm_tile_##name, T, false, )                 \
-    GEMM_TILE_KERNEL(gemm_tile_split_##name, T, true, GT_SPLIT_DIMS)
+    GEMM_TILE_KERNEL(gemm_tile_split_##name, T, true, GT_SPLIT_DIMS) \
+    GEMM_TILE_EXPERTS_KERNEL(name, T)
 GEMM_TILE_KERNELS(q4_K, TileQ4K)
 GEMM_TILE_KERNELS(q6_K, TileQ6K)
 GEMM_TILE_KERNELS(q8_0, TileQ80)
 #undef GEMM_TILE_KERNELS
+#undef GEMM_TILE_EXPERTS_KERNEL
 #undef GEMM_TILE_KERNEL

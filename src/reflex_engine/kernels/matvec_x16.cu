@@ -195,24 +195,21 @@ __device__ __forceinline__ void prefetch_unit(const uint8_t* row, int u, int n_u
         prefetch_l2(row + (size_t)u * 32 * sizeof(B) / B::elems);
 }
 
-// Rows r0.. r0 + ROWS - 1 of y for n_tok tokens; every thread of the block calls it, and it waits for the
-// kernel before (follow_previous_kernel) once the thread's first unit of weights, which no kernel writes,
-// is asked for: a block launched while that kernel runs has them in flight meanwhile. x_sums: x is a
-// norm's output (x16.cuh NormOut), its sums there.
+// The thread's share of rows r0.. r0 + ROWS - 1 of x_deq · Wᵀ for n_tok tokens, times weight, added to acc
+// (store_row_sums sums the shares); every thread of the block calls it, and it waits for the kernel before
+// (follow_previous_kernel) once the thread's first unit of weights, which no kernel writes, is asked for: a
+// block launched while that kernel runs has them in flight meanwhile.
 template <class B, int ROWS, int TOKENS>
-__device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const uint8_t* __restrict__ xq,
-                                          const float2* __restrict__ xds, float* __restrict__ y, const float* __restrict__ add,
-                                          int r0, int n_rows, int n_cols, int n_tok, const float* x_sums = nullptr,
-                                          float eps = 0.0f) {
+__device__ __forceinline__ void add_x16_dots(const uint8_t* __restrict__ W, const uint8_t* __restrict__ xq,
+                                            const float2* __restrict__ xds, int r0, int n_rows, int n_cols, int n_tok,
+                                            float weight, float (&acc)[ROWS][TOKENS]) {
     using T = x16_type<B>;
-    __shared__ float partial[X16_THREADS / WARP][ROWS][TOKENS];
     const int n_units = n_cols / 32;
     const uint8_t* rows[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)  // rows past n_rows re-read the last one and are never stored
         rows[r] = W + (size_t)min(r0 + r, n_rows - 1) * row_bytes<B>(n_cols);
 
-    float acc[ROWS][TOKENS] = {};
 #pragma unroll
     for (int k = 1; k < X16_AHEAD; ++k)
 #pragma unroll
@@ -239,10 +236,21 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
             x_words(xq + 2 * (at + k1), xb);
             const float2 da = __ldg(xds + (at + k0) / 32), db = T::one_block ? da : __ldg(xds + (at + k1) / 32);
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r) acc[r][t] += w[r].template dot<T::has_min>(xa, xb, da, db);
+            for (int r = 0; r < ROWS; ++r) acc[r][t] = fmaf(weight, w[r].template dot<T::has_min>(xa, xb, da, db), acc[r][t]);
         }
     }
+}
 
+// Rows r0.. r0 + ROWS - 1 of y (+ add) = x_deq · Wᵀ for n_tok tokens; every thread of the block calls it.
+// x_sums: x is a norm's output (x16.cuh NormOut), its sums there.
+template <class B, int ROWS, int TOKENS>
+__device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const uint8_t* __restrict__ xq,
+                                          const float2* __restrict__ xds, float* __restrict__ y, const float* __restrict__ add,
+                                          int r0, int n_rows, int n_cols, int n_tok, const float* x_sums = nullptr,
+                                          float eps = 0.0f) {
+    __shared__ float partial[X16_THREADS / WARP][ROWS][TOKENS];
+    float acc[ROWS][TOKENS] = {};
+    add_x16_dots<B, ROWS, TOKENS>(W, xq, xds, r0, n_rows, n_cols, n_tok, 1.0f, acc);
     store_row_sums(acc, partial, y, r0, n_rows, n_tok, add, x_sums ? norm_scale(x_sums, n_cols, eps) : 1.0f);
 }
 
@@ -287,6 +295,48 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
             store_normed_when_whole<X16_DECODE_ROWS>(y0, u * X16_DECODE_ROWS,                               \
                                                      {norm_w, norm_xq, norm_xds, norm_sums, tickets});      \
     }
+// A decode pass's experts (moe.cu's stacked_matvec and experts_down over int16 x): y_i (n_tok, n_slots, n_rows)
+// for one or two stacked weights W_i of one shape (W1 null: one), block y = i · n_tok · n_slots + t · n_slots + j
+// computing X16_DECODE_ROWS rows of matrix ids[t, j] of W_i (matrix_bytes apart) times x's row t (x_sums, eps: a
+// norm's output, its one token). experts_down_x16: y (n_tok, n_rows) = Σ_j weights[t, j] · W_{ids[t, j]} h[t, j],
+// h (n_tok, n_used, n_cols) as int16 blocks; slots in order, each thread's shares weighted as they are added, so
+// the sum is the same on every call.
+// LAUNCH: block as matvec_x16_1_<type>; grid = (ceil(n_rows / X16_DECODE_ROWS), weights · n_tok · n_slots) or,
+// experts_down_x16, n_tok.
+#define EXPERTS_X16_KERNELS(name, B, blocks)                                                                \
+    extern "C" __global__ void __launch_bounds__(X16_THREADS, blocks)                                       \
+        stacked_matvec_x16_##name(const uint8_t* W0, const uint8_t* W1, int64_t matrix_bytes, const int* ids, \
+                                  const uint8_t* xq, const float2* xds, float* y0, float* y1, int n_rows,    \
+                                  int n_cols, int n_slots, const float* x_sums, float eps) {                \
+        follow_previous_kernel(); /* the router's choice first: which weights to ask for */                 \
+        const int pairs = W1 ? gridDim.y / 2 : gridDim.y, i = blockIdx.y / pairs, slot = blockIdx.y % pairs; \
+        const size_t t = slot / n_slots;                                                                    \
+        matvec_x16<B, X16_DECODE_ROWS, 1>((i ? W1 : W0) + ids[slot] * matrix_bytes, xq + 2 * t * n_cols,   \
+                                          xds + t * n_cols / 32, (i ? y1 : y0) + (size_t)slot * n_rows, nullptr, \
+                                          blockIdx.x * X16_DECODE_ROWS, n_rows, n_cols, 1, x_sums, eps);    \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(X16_THREADS, blocks)                                       \
+        experts_down_x16_##name(const uint8_t* W, int64_t matrix_bytes, const int* ids, const float* weights, \
+                                const uint8_t* xq, const float2* xds, float* y, int n_rows, int n_cols, int n_used) { \
+        __shared__ float partial[X16_THREADS / WARP][X16_DECODE_ROWS][1];                                   \
+        follow_previous_kernel();                                                                           \
+        const int r0 = blockIdx.x * X16_DECODE_ROWS;                                                        \
+        float acc[X16_DECODE_ROWS][1] = {};                                                                 \
+        for (int j = 0; j < n_used; ++j) {                                                                  \
+            const size_t slot = (size_t)blockIdx.y * n_used + j;                                            \
+            add_x16_dots<B, X16_DECODE_ROWS, 1>(W + ids[slot] * matrix_bytes, xq + 2 * slot * n_cols,       \
+                                                xds + slot * n_cols / 32, r0, n_rows, n_cols, 1, weights[slot], acc); \
+        }                                                                                                   \
+        store_row_sums(acc, partial, y + (size_t)blockIdx.y * n_rows, r0, n_rows, 1);                       \
+    }
+EXPERTS_X16_KERNELS(q4_0, block_q4_0, X16_DECODE_BLOCKS_AN_SM)
+EXPERTS_X16_KERNELS(q5_0, block_q5_0, X16_DECODE_BLOCKS_AN_SM)
+EXPERTS_X16_KERNELS(q8_0, block_q8_0, X16_DECODE_BLOCKS_AN_SM_Q8_0)
+EXPERTS_X16_KERNELS(q4_K, block_q4_K, X16_DECODE_BLOCKS_AN_SM)
+EXPERTS_X16_KERNELS(q5_K, block_q5_K, X16_DECODE_BLOCKS_AN_SM)
+EXPERTS_X16_KERNELS(q6_K, block_q6_K, X16_DECODE_BLOCKS_AN_SM)
+#undef EXPERTS_X16_KERNELS
+
 MATVEC_X16_KERNEL(q4_0, block_q4_0, X16_DECODE_BLOCKS_AN_SM)
 MATVEC_X16_KERNEL(q5_0, block_q5_0, X16_DECODE_BLOCKS_AN_SM)
 MATVEC_X16_KERNEL(q8_0, block_q8_0, X16_DECODE_BLOCKS_AN_SM_Q8_0)

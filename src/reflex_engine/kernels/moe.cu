@@ -165,11 +165,14 @@ __device__ __forceinline__ void experts_down(const uint8_t* __restrict__ W, int6
     if (live && threadIdx.x % WARP == 0) y[(size_t)t * n_rows + r] = acc;
 }
 
-// A prompt's routes grouped by expert, for matvec.cu's grouped_matvec: of the n_pairs (token, slot) pairs
-// p = t * n_used + j, offsets[e] is where expert e's begin (offsets[n_expert] = n_pairs), order[place] = p
-// and place_of[p] = place. The places inside an expert follow the atomics' order; each pair's product is
-// computed on its own, so no result depends on it. LAUNCH: block 1024, grid 1; n_expert <= ROUTE_MAX_EXPERTS.
-extern "C" __global__ void moe_group(const int* ids, int n_pairs, int n_expert, int* offsets, int* order, int* place_of) {
+// A prompt's routes grouped by expert, for matvec.cu's grouped_matvec or gemm_tile.cu's gemm_tile_experts_*: of
+// the n_pairs (token, slot) pairs p = t * n_used + j, offsets[e] is where expert e's begin (offsets[n_expert] =
+// n_pairs), order[place] = p and place_of[p] = place. The places inside an expert follow the atomics' order; each
+// pair's product is computed on its own, so no result depends on it. With tiles: each expert's places in tiles of
+// tile_places, tiles[i] = (expert, its first place from offsets[expert]), then (-1, 0) up to max_tiles.
+// LAUNCH: block 1024, grid 1; n_expert <= ROUTE_MAX_EXPERTS; max_tiles >= ceil(n_pairs / tile_places) + n_expert.
+extern "C" __global__ void moe_group(const int* ids, int n_pairs, int n_expert, int* offsets, int* order, int* place_of,
+                                     int2* tiles, int tile_places, int max_tiles) {
     follow_previous_kernel();
     __shared__ int count[ROUTE_MAX_EXPERTS], cursor[ROUTE_MAX_EXPERTS];
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
@@ -180,6 +183,12 @@ extern "C" __global__ void moe_group(const int* ids, int n_pairs, int n_expert, 
         int run = 0;
         for (int e = 0; e < n_expert; ++e) cursor[e] = offsets[e] = run, run += count[e];
         offsets[n_expert] = run;
+        if (tiles) {
+            int n = 0;
+            for (int e = 0; e < n_expert; ++e)
+                for (int first = 0; first < count[e]; first += tile_places) tiles[n++] = make_int2(e, first);
+            while (n < max_tiles) tiles[n++] = make_int2(-1, 0);
+        }
     }
     __syncthreads();
     for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {

@@ -63,6 +63,9 @@ class ExpertOps:
         t, k = experts.rows, experts.cols
         if t > GROUPED_MIN_TOKENS:
             return self._grouped_moe_ffn(x, routes, gate=gate, up=up, down=down)
+        c = _cuda_ops()
+        if all(w.ggml_type in c.X16_MATVEC_TYPES for w in (gate, up, down)) and max(x.cols, k * gate.n_rows) <= self._x16_width:
+            return self._x16_moe_ffn(x, routes, gate=gate, up=up, down=down)
         h = self.swiglu(self._stacked_matvec(x, gate, k, experts), self._stacked_matvec(x, up, k, experts))  # (T, k*F)
         out = self._new(t, down.n_rows)
         self.device.launch(_kernel("experts_down", down), (t, -(-down.n_rows // MOE_WARPS)), 32 * MOE_WARPS,
@@ -70,18 +73,59 @@ class ExpertOps:
                             h.ptr, out.ptr, down.n_rows, down.n_cols, k))
         return out
 
-    def _grouped_moe_ffn(self, x, routes: Routes, *, gate, up, down):
-        """A prompt's experts, each over the (token, slot) pairs routed to it (kernels/moe.cu's moe_group,
-        matvec.cu's grouped_matvec): an expert's weights are read once per 8 of its pairs, not per pair.
-        The pairs' rows live in (T, k * width) buffers: place p is row p // k, slot p % k."""
+    def _x16_moe_ffn(self, x, routes: Routes, *, gate, up, down):
+        """A decode pass's experts on int16 x, as the dense matvecs (kernels/matvec_x16.cu stacked_matvec_x16_*,
+        experts_down_x16_*): x's blocks made once (or taken from the norm before), gate and up in one launch where
+        they are of one type, SwiGLU's blocks written beside h for the down."""
         experts, weights = routes
-        t, k, n_expert, dev = experts.rows, experts.cols, gate.shape[2], self.device
+        t, k, c = experts.rows, experts.cols, _cuda_ops()
+        src = self._x16_source(x)
+        runs = [(gate, up)] if gate.ggml_type == up.ggml_type else [(gate,), (up,)]
+        h = self.swiglu(*(y for run in runs for y in self._stacked_x16(src, run, experts, k)))  # (T, k*F)
+        hs, out = self._x16_source(h), self._new(t, down.n_rows)
+        self.device.launch(_kernel("experts_down_x16", down), (-(-down.n_rows // c.X16_DECODE_ROWS), t),
+                           32 * min(4, -(-down.n_cols // 1024)),
+                           (self._ready(down), matrix_bytes(down), experts.ptr, weights.ptr, hs.xq, hs.xds, out.ptr,
+                            down.n_rows, down.n_cols, k))
+        return out
+
+    def _stacked_x16(self, src, run, experts, k: int):
+        """(T, k * n_rows) for each of the run's one or two stacked weights (one type, one shape): matrix
+        experts[t, j] of it times x's row t, from its int16 blocks."""
+        c, first = _cuda_ops(), run[0]
+        outs = [self._new(experts.rows, k * first.n_rows) for _ in run]
+        self.device.launch(_kernel("stacked_matvec_x16", first), (-(-first.n_rows // c.X16_DECODE_ROWS), len(run) * experts.rows * k),
+                           32 * min(4, -(-first.n_cols // 1024)),
+                           (*(self._ready(w) for w in run), *(0,) * (2 - len(run)), matrix_bytes(first), experts.ptr,
+                            src.xq, src.xds, *(y.ptr for y in outs), *(0,) * (2 - len(run)), first.n_rows, first.n_cols, k,
+                            src.sums, src.eps))
+        return outs
+
+    def _grouped_moe_ffn(self, x, routes: Routes, *, gate, up, down):
+        """A prompt's experts, each over the (token, slot) pairs routed to it (kernels/moe.cu's moe_group): a
+        matrix of a type of kernels/gemm_tile.cu's, of whole superblocks, on tensor cores in tiles of 64 pairs
+        (gemm_tile_experts_*, its input as f16), any other with its weights read once per 8 of an expert's pairs
+        (matvec.cu's grouped_matvec). The pairs' rows live in (T, k * width) buffers: place p is row p // k, slot p % k."""
+        experts, weights = routes
+        t, k, n_expert, dev, c = experts.rows, experts.cols, gate.shape[2], self.device, _cuda_ops()
         offsets, order, place_of = self._new(1, n_expert + 1), self._new(t, k), self._new(t, k)  # int32 bits
-        dev.launch("moe_group", (1,), 1024, (experts.ptr, t * k, n_expert, offsets.ptr, order.ptr, place_of.ptr))
+        tiled = {id(w) for w in (gate, up, down) if w.ggml_type in c.GEMM_TILE_TYPES and w.n_cols % 256 == 0}
+        n_tiles = -(-t * k // c.GEMM_TILE_TOKENS) + n_expert if tiled else 0  # the most there may be: each expert's last partial
+        tiles = self._new(1, 2 * n_tiles) if tiled else None  # (expert, first place) int32 pairs
+        dev.launch("moe_group", (1,), 1024, (experts.ptr, t * k, n_expert, offsets.ptr, order.ptr, place_of.ptr,
+                                             tiles.ptr if tiled else 0, c.GEMM_TILE_TOKENS, n_tiles))
         xs = self._new(t, k * x.cols)
         dev.launch("moe_gather", (t * k,), 256, (x.ptr, order.ptr, xs.ptr, k, x.cols))
-        h = self.swiglu(self._grouped_matvec(xs, gate, offsets, k), self._grouped_matvec(xs, up, offsets, k))
-        ys = self._grouped_matvec(h, down, offsets, k)
+        halves = {}  # an input's f16 copy, made once for the tiles that read it
+
+        def product(x_, weight):
+            if id(weight) not in tiled:
+                return self._grouped_matvec(x_, weight, offsets, k)
+            if id(x_) not in halves:
+                halves[id(x_)] = self._f16_interleaved(x_)
+            return self._tiled_experts(halves[id(x_)], weight, offsets, tiles, k)
+
+        ys = product(self.swiglu(product(xs, gate), product(xs, up)), down)
         out = self._new(t, down.n_rows)
         dev.launch("moe_combine", (t,), 256, (ys.ptr, place_of.ptr, weights.ptr, out.ptr, k, down.n_rows))
         return out
@@ -92,6 +136,21 @@ class ExpertOps:
                            32 * min(4, -(-weight.n_cols // 512)),
                            (self._ready(weight), matrix_bytes(weight), offsets.ptr, xs.ptr, out.ptr,
                             weight.n_rows, weight.n_cols))
+        return out
+
+    def _tiled_experts(self, xh, weight, offsets, tiles, k: int):
+        """(T, k * n_rows): each place's row of xh (f16 interleaved, two a float) times its expert's matrix."""
+        c, out, kernel = _cuda_ops(), self._new(xh.rows, k * weight.n_rows), _kernel("gemm_tile_experts", weight)
+        self.device.allow_shared(kernel, c.GEMM_TILE_SHARED)
+        self.device.launch(kernel, (tiles.cols // 2, -(-weight.n_rows // c.GEMM_TILE_ROWS)), 32 * c.GEMM_TILE_WARPS,
+                           (self._ready(weight), matrix_bytes(weight), tiles.ptr, offsets.ptr, xh.ptr, out.ptr,
+                            weight.n_rows, weight.n_cols), c.GEMM_TILE_SHARED)
+        return out
+
+    def _f16_interleaved(self, x):
+        """x as f16 in gemm_tile.cu's order (to_f16_interleaved), in a buffer of half x's floats."""
+        out, n = self._new(x.rows, x.cols // 2), x.rows * x.cols
+        self.device.launch("to_f16_interleaved", (-(-n // 1024),), 256, (x.ptr, out.ptr, n))
         return out
 
     def head_matmul(self, x, weight):

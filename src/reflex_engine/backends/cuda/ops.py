@@ -744,14 +744,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 dev.launch(g.kernel, (-(-x.rows // GEMM_TILE_TOKENS), g.units, GEMM_TILE_SPLITS if g.path == "tile_split" else 1),
                            g.threads, (*g.weights, self._xh, *products, *g.rows, x.rows), g.shared)
                 continue
-            # x to int16 blocks, unless the op that made x wrote them or a matmul before took the same x:
-            # a tensor is final once the op making it returns, and holding it keeps its buffer's address
-            n = x.rows * x.cols
-            made = self._x16_of
-            if made is None or made[0] is not x or made[1] != n:
-                dev.launch("quantize_x16", (-(-n // 1024),), 256, (x.ptr, self._xq, self._xds, n))
-                made = self._x16_of = (x, n, self._plain_x16)
-            src = made[2]
+            src = self._x16_source(x)
             if x.rows != 1:  # passes of 8 tokens (none for a chunk of a prompt whose logits no one wants)
                 dev.launch(g.kernel, (g.units, -(-x.rows // MATVEC_MAX_TOKENS)), g.threads,
                            (*g.weights, src.xq, src.xds, *products, *g.rows, x.rows))
@@ -764,6 +757,16 @@ class CudaOps(ExpertOps, DeltaNetOps):
             else:
                 dev.launch(g.kernel, (g.units,), g.threads, args + NO_NORM, g.shared)
         return outs
+
+    def _x16_source(self, x: Tensor) -> X16:
+        """x's int16 blocks: made now, unless the op that made x wrote them or a matmul before took the same x
+        (a tensor is final once the op making it returns, and holding it keeps its buffer's address)."""
+        n = x.rows * x.cols
+        made = self._x16_of
+        if made is None or made[0] is not x or made[1] != n:
+            self.device.launch("quantize_x16", (-(-n // 1024),), 256, (x.ptr, self._xq, self._xds, n))
+            made = self._x16_of = (x, n, self._plain_x16)
+        return made[2]
 
     def _may_write_norm(self, g: Group, src: X16) -> bool:
         """Whether a one-token launch may write a norm's share of its product (kernels/x16.cuh NormOut): one

@@ -11,6 +11,7 @@ FAMILIES = {
     "gemm_frag": "PPPPPPPPiiiii",  # gemm_frag.cu
     "gemm_tile": "PPPPPPPPiiiii",  # gemm_tile.cu
     "gemm_tile_split": "PPPPPPPPiiiii",
+    "gemm_tile_experts": "PqPPPPii",
     "dequant_f16": "PPiii",  # gemm_f16.cu
     "get_rows": "PPPii",  # get_rows.cu
     "matvec": "PPPiii",  # matvec.cu
@@ -19,6 +20,8 @@ FAMILIES = {
     "matvec_x16_1": "PPPPPPPPPiiiiPfPPPPP",
     "matvec_x16_mma": "PPPPPPPPPiiiiPfPPPPP",  # matvec_x16_mma.cu
     "matvec_x16_bulk": "PPPPPPPPPiiiiPfPPPPP",
+    "stacked_matvec_x16": "PPqPPPPPiiiPf",
+    "experts_down_x16": "PqPPPPPiii",
     "stacked_matvec": "PqPPPiiiii",  # moe.cu
     "experts_down": "PqPPPPiii",
 }
@@ -59,7 +62,7 @@ KERNELS = {
     "latent_attention_combine": "PPii",
     # moe.cu
     "moe_route": "PPPPiiiifii",
-    "moe_group": "PiiPPP",
+    "moe_group": "PiiPPPPii",
     "moe_gather": "PPPii",
     "moe_combine": "PPPPii",
     # sampling.cu
