@@ -4,7 +4,9 @@
 //
 // A stacked weight is n matrices of (n_rows, n_cols) in GGUF blocks, each one's bytes contiguous
 // (`matrix_bytes` apart): ggml's 3-D expert tensors {n_cols, n_rows, n_expert}, and the per-head
-// matrices of MLA's attn_k_b / attn_v_b.
+// matrices of MLA's attn_k_b / attn_v_b. The experts' faster forms live beside the dense kernels they share a
+// loop with: a decode pass's on int16 x (matvec_x16.cu), a prompt's on tensor cores (gemm_tile.cu); the float
+// kernels here take the types those have no kernel for.
 #include "common.cuh"
 #include "quant_blocks.cuh"
 

@@ -76,11 +76,11 @@ class ExpertOps:
     def _x16_moe_ffn(self, x, routes: Routes, *, gate, up, down):
         """A decode pass's experts on int16 x, as the dense matvecs (kernels/matvec_x16.cu stacked_matvec_x16_*,
         experts_down_x16_*): x's blocks made once (or taken from the norm before), gate and up in one launch where
-        they are of one type, SwiGLU's blocks written beside h for the down."""
+        they are of one type and shape, SwiGLU's blocks written beside h for the down."""
         experts, weights = routes
         t, k, c = experts.rows, experts.cols, _cuda_ops()
         src = self._x16_source(x)
-        runs = [(gate, up)] if gate.ggml_type == up.ggml_type else [(gate,), (up,)]
+        runs = [(gate, up)] if (gate.ggml_type, gate.shape) == (up.ggml_type, up.shape) else [(gate,), (up,)]
         h = self.swiglu(*(y for run in runs for y in self._stacked_x16(src, run, experts, k)))  # (T, k*F)
         hs, out = self._x16_source(h), self._new(t, down.n_rows)
         self.device.launch(_kernel("experts_down_x16", down), (-(-down.n_rows // c.X16_DECODE_ROWS), t),
