@@ -19,7 +19,7 @@ from reflex_engine.backends.cuda import driver
 from reflex_engine.backends.cuda import ops as ops_module
 from reflex_engine.backends.cuda.params import param_format
 from reflex_engine.gguf.constants import GGML_BLOCK, GGMLType
-from reflex_engine.ops import Batch, CacheShape, Rope, RopeMode
+from reflex_engine.ops import Batch, CacheShape, Rope, RopeMode, Routes
 from reflex_engine.sampling import SamplingParams
 from test_cuda_errors import MODEL
 
@@ -648,3 +648,45 @@ def test_a_replay_queued_before_the_one_before_it_ran_reads_its_own_positions():
         assert step(Batch.causal(SAMPLED, n_past)) == "logits"
     drv.cuStreamSynchronize(ops.device.stream)
     assert drv.seen == list(range(10, 16))
+
+
+def test_experts_take_int16_x_in_a_decode_pass_and_tensor_core_tiles_in_a_prompt_matrix_by_matrix(fake, monkeypatch):
+    """A decode pass's experts (<= 8 tokens) of the int16 types: x's blocks made once, gate and up in one launch
+    (grid y: 2 weights x tokens x slots), SwiGLU's blocks beside h, the down summing the slots (grid y: tokens). A
+    prompt's: grouped by expert, and each matrix of Q4_K, Q6_K or Q8_0 of whole superblocks in tiles of 64 pairs
+    (grid x: the most tiles there may be, ceil(pairs / 64) + experts; y: groups of 128 rows, its x as f16 once for
+    gate and up), any other (a Q8_0 down of 288 columns) in float passes of 8 pairs."""
+    launched, allowed = recorded_launches(fake, monkeypatch, (9, 0))
+    n_expert, e, k = 8, 512, 2
+    files = {"whole": ((GGMLType.Q4_K, 768), (GGMLType.Q4_K, 768), (GGMLType.Q4_K, 768)),
+             "mixed": ((GGMLType.Q4_K, 288), (GGMLType.Q4_K, 288), (GGMLType.Q8_0, 288))}
+    shapes = {name: [(t, (e, f, n_expert)) if i < 2 else (t, (f, e, n_expert)) for i, (t, f) in enumerate(mats)]
+              for name, mats in files.items()}
+    ops = ops_module.CudaOps()
+    ops.reserve([s for mats in shapes.values() for s in mats], CacheShape(1, 16, 64, 64), activation_width=4 * 4096)
+    weights = {name: [ops.load_weight("w", t, shape, bytes(shape[0] * shape[1] * n_expert // GGML_BLOCK[t][0] * GGML_BLOCK[t][1]))
+                      for t, shape in mats] for name, mats in shapes.items()}
+    ops.commit_weights()
+    rng = np.random.default_rng(0)
+    for name, (gate, up, down) in weights.items():
+        f = gate.n_rows
+        for n_tok in (1, 40):
+            ids = np.stack([rng.permutation(n_expert)[:k] for _ in range(n_tok)]).astype(np.int32)
+            routes = Routes(ops.from_host(ids.view(np.float32)), ops.from_host(np.full((n_tok, k), 0.5, np.float32)))
+            x = ops.from_host(np.zeros((n_tok, e), np.float32))
+            launched.clear()
+            ops.moe_ffn(x, routes, gate=gate, up=up, down=down)
+            got = [(n, g) for n, g, _ in launched]
+            if n_tok == 1:
+                down_name = f"experts_down_x16_{ops_module.kernel_suffix(down.ggml_type)}"
+                assert got == [("quantize_x16", (1,)), ("stacked_matvec_x16_q4_K", (f // 4, 2 * k)), ("swiglu_f32", (-(-f * k // 256),)),
+                               (down_name, (e // 4, 1))], name
+                continue
+            tiles = -(-n_tok * k // 64) + n_expert
+            tiled = [("gemm_tile_experts_q4_K", (tiles, -(-f // 128)))] * 2
+            last = [("to_f16_interleaved", (-(-n_tok * k * f // 1024),)), ("gemm_tile_experts_q4_K", (tiles, e // 128))] \
+                if name == "whole" else [("grouped_matvec_q8_0", (e // 2, n_expert))]
+            assert got == [("moe_group", (1,)), ("moe_gather", (n_tok * k,)), ("to_f16_interleaved", (-(-n_tok * k * e // 1024),)),
+                           *tiled, ("swiglu_f32", (-(-n_tok * k * f // 256),)), *last, ("moe_combine", (n_tok,))], name
+    assert ("gemm_tile_experts_q4_K", driver.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ops_module.GEMM_TILE_SHARED) in allowed
+
