@@ -318,8 +318,8 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
     extern "C" __global__ void __launch_bounds__(X16_THREADS, blocks)                                       \
         experts_down_x16_##name(const uint8_t* W, int64_t matrix_bytes, const int* ids, const float* weights, \
                                 const uint8_t* xq, const float2* xds, float* y, int n_rows, int n_cols, int n_used) { \
-        __shared__ float partial[X16_THREADS / WARP][X16_DECODE_ROWS][1];                                   \
         follow_previous_kernel();                                                                           \
+        __shared__ float partial[X16_THREADS / WARP][X16_DECODE_ROWS][1];                                   \
         const int r0 = blockIdx.x * X16_DECODE_ROWS;                                                        \
         float acc[X16_DECODE_ROWS][1] = {};                                                                 \
         for (int j = 0; j < n_used; ++j) {                                                                  \
@@ -329,18 +329,13 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
         }                                                                                                   \
         store_row_sums(acc, partial, y + (size_t)blockIdx.y * n_rows, r0, n_rows, 1);                       \
     }
-EXPERTS_X16_KERNELS(q4_0, block_q4_0, X16_DECODE_BLOCKS_AN_SM)
-EXPERTS_X16_KERNELS(q5_0, block_q5_0, X16_DECODE_BLOCKS_AN_SM)
-EXPERTS_X16_KERNELS(q8_0, block_q8_0, X16_DECODE_BLOCKS_AN_SM_Q8_0)
-EXPERTS_X16_KERNELS(q4_K, block_q4_K, X16_DECODE_BLOCKS_AN_SM)
-EXPERTS_X16_KERNELS(q5_K, block_q5_K, X16_DECODE_BLOCKS_AN_SM)
-EXPERTS_X16_KERNELS(q6_K, block_q6_K, X16_DECODE_BLOCKS_AN_SM)
+#define X16_KERNELS(name, B, blocks) MATVEC_X16_KERNEL(name, B, blocks) EXPERTS_X16_KERNELS(name, B, blocks)
+X16_KERNELS(q4_0, block_q4_0, X16_DECODE_BLOCKS_AN_SM)
+X16_KERNELS(q5_0, block_q5_0, X16_DECODE_BLOCKS_AN_SM)
+X16_KERNELS(q8_0, block_q8_0, X16_DECODE_BLOCKS_AN_SM_Q8_0)
+X16_KERNELS(q4_K, block_q4_K, X16_DECODE_BLOCKS_AN_SM)
+X16_KERNELS(q5_K, block_q5_K, X16_DECODE_BLOCKS_AN_SM)
+X16_KERNELS(q6_K, block_q6_K, X16_DECODE_BLOCKS_AN_SM)
+#undef X16_KERNELS
 #undef EXPERTS_X16_KERNELS
-
-MATVEC_X16_KERNEL(q4_0, block_q4_0, X16_DECODE_BLOCKS_AN_SM)
-MATVEC_X16_KERNEL(q5_0, block_q5_0, X16_DECODE_BLOCKS_AN_SM)
-MATVEC_X16_KERNEL(q8_0, block_q8_0, X16_DECODE_BLOCKS_AN_SM_Q8_0)
-MATVEC_X16_KERNEL(q4_K, block_q4_K, X16_DECODE_BLOCKS_AN_SM)
-MATVEC_X16_KERNEL(q5_K, block_q5_K, X16_DECODE_BLOCKS_AN_SM)
-MATVEC_X16_KERNEL(q6_K, block_q6_K, X16_DECODE_BLOCKS_AN_SM)
 #undef MATVEC_X16_KERNEL
