@@ -655,7 +655,8 @@ def test_experts_take_int16_x_in_a_decode_pass_and_tensor_core_tiles_in_a_prompt
     (grid y: 2 weights x tokens x slots), SwiGLU's blocks beside h, the down summing the slots (grid y: tokens). A
     prompt's: grouped by expert, and each matrix of Q4_K, Q6_K or Q8_0 of whole superblocks in tiles of 64 pairs
     (grid x: the most tiles there may be, ceil(pairs / 64) + experts; y: groups of 128 rows, its x as f16 once for
-    gate and up), any other (a Q8_0 down of 288 columns) in float passes of 8 pairs."""
+    gate and up), any other (a Q8_0 down of 288 columns) in float passes of 8 pairs. A residual is the int16
+    down's own sum, else add_f32's after the experts."""
     launched, allowed = recorded_launches(fake, monkeypatch, (9, 0))
     n_expert, e, k = 8, 512, 2
     files = {"whole": ((GGMLType.Q4_K, 768), (GGMLType.Q4_K, 768), (GGMLType.Q4_K, 768)),
@@ -670,13 +671,17 @@ def test_experts_take_int16_x_in_a_decode_pass_and_tensor_core_tiles_in_a_prompt
     rng = np.random.default_rng(0)
     for name, (gate, up, down) in weights.items():
         f = gate.n_rows
-        for n_tok in (1, 40):
+        for n_tok, residual in ((1, False), (1, True), (40, False), (40, True)):
             ids = np.stack([rng.permutation(n_expert)[:k] for _ in range(n_tok)]).astype(np.int32)
             routes = Routes(ops.from_host(ids.view(np.float32)), ops.from_host(np.full((n_tok, k), 0.5, np.float32)))
             x = ops.from_host(np.zeros((n_tok, e), np.float32))
+            add = ops.from_host(np.zeros((n_tok, e), np.float32)) if residual else None
             launched.clear()
-            ops.moe_ffn(x, routes, gate=gate, up=up, down=down)
+            ops.moe_ffn(x, routes, gate=gate, up=up, down=down, add=add)
             got = [(n, g) for n, g, _ in launched]
+            if residual and n_tok > 1:
+                assert got[-1] == ("add_f32", (-(-n_tok * e // 256),))
+                got = got[:-1]
             if n_tok == 1:
                 down_name = f"experts_down_x16_{ops_module.kernel_suffix(down.ggml_type)}"
                 assert got == [("quantize_x16", (1,)), ("stacked_matvec_x16_q4_K", (f // 4, 2 * k)), ("swiglu_f32", (-(-f * k // 256),)),

@@ -135,15 +135,20 @@ def within_f16(x, experts, mats, most=1024.0):
     return x * np.float32(min(1.0, np.sqrt(most / h)))  # SwiGLU grows as x squared
 
 
-def check_moe(gpu, x, experts, weights, mats, path="float"):
-    """The device's moe_ffn against the reference, on the path's kernels."""
+def check_moe(gpu, x, experts, weights, mats, path="float", residual=None):
+    """The device's moe_ffn (+ residual, scaled to the products' size) against the reference, on the path's
+    kernels: the residual summed in the int16 down's own launch, by add_f32 after the others."""
     (g_cpu, g_gpu), (u_cpu, u_gpu), (d_cpu, d_gpu) = mats
     x_rounded, h_rounded, kernels, tolerance = PATHS[path]
     want = rounded_reference(x, experts, weights, g_cpu, u_cpu, d_cpu, x_rounded, h_rounded)
+    if residual is not None:
+        residual = residual * np.float32(np.abs(want).mean())
+        want += residual
     gpu.poison()
-    dx = gpu.from_host(x)
+    dx, add = gpu.from_host(x), None if residual is None else gpu.from_host(residual)
     with recorded_launches(gpu) as launched:
-        got = gpu.to_host(gpu.moe_ffn(dx, device_routes(gpu, experts, weights), gate=g_gpu, up=u_gpu, down=d_gpu))
+        got = gpu.to_host(gpu.moe_ffn(dx, device_routes(gpu, experts, weights), gate=g_gpu, up=u_gpu, down=d_gpu, add=add))
+    assert launched.count("add_f32") == (residual is not None and path != "x16")
     assert {part: sum(part in name for name in launched) for part in kernels} == kernels
     assert sum("_x16_" in name or "gemm_tile" in name for name in launched) == sum(kernels.values()) - kernels.get("grouped_matvec_", 0)
     assert rel_err(got, want) < tolerance
@@ -152,13 +157,15 @@ def check_moe(gpu, x, experts, weights, mats, path="float"):
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES)
 @pytest.mark.parametrize("n_tok", [1, 3, 8, 9, 77])
-def test_moe_ffn_matches_the_cpu(gpu, qtype, n_tok):
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_moe_ffn_matches_the_cpu(gpu, qtype, n_tok, with_residual):
     n_expert, k = 8, 3
     e, mats = experts_for(gpu, qtype, n_expert)
     experts = np.stack([rng.permutation(n_expert)[:k] for _ in range(n_tok)])
     x = within_f16(rng.standard_normal((n_tok, e)).astype(np.float32), experts, mats)
     weights = rng.uniform(0, 1, (n_tok, k)).astype(np.float32)
-    check_moe(gpu, x, experts, weights, mats, experts_path(qtype, n_tok))
+    residual = rng.standard_normal((n_tok, e)).astype(np.float32) if with_residual else None
+    check_moe(gpu, x, experts, weights, mats, experts_path(qtype, n_tok), residual)
 
 
 @pytest.mark.parametrize("qtype", [t.name for t in GEMM_TILE_TYPES])

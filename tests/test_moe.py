@@ -99,6 +99,8 @@ def test_experts_mix_the_chosen_ffns_by_their_weights():
     routes = ops.route(rng.standard_normal((7, 6), dtype=np.float32), Routing(2, norm=True))
     got = ops.moe_ffn(x, routes, gate=gate, up=up, down=down)
     np.testing.assert_allclose(got, _moe_reference(x, routes.experts, routes.weights, gate, up, down), rtol=1e-4, atol=1e-5)
+    residual = rng.standard_normal((7, 16), dtype=np.float32)  # the residual stream, summed as ops.add sums it
+    np.testing.assert_array_equal(ops.moe_ffn(x, routes, gate=gate, up=up, down=down, add=residual), ops.add(residual, got))
 
 
 def test_every_token_to_one_expert_and_experts_nobody_picks():

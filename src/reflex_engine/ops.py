@@ -210,10 +210,11 @@ class Ops(Protocol):
         """Router logits (T, n_expert) -> Routes (see Routing); bias (n_expert,) is added to the
         probabilities for the choice only (DeepSeek-V3's `exp_probs_b`)."""
 
-    def moe_ffn(self, x: Tensor, routes: Routes, *, gate: Weight, up: Weight, down: Weight) -> Tensor:
+    def moe_ffn(self, x: Tensor, routes: Routes, *, gate: Weight, up: Weight, down: Weight, add: Tensor | None = None) -> Tensor:
         """x (T, E) -> (T, E): sum over j of weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t),
         e = experts[t, j]; gate and up are stored (n_expert, F, E), down (n_expert, E, F) (ggml
-        shapes {E, F, n_expert} and {F, E, n_expert}). Only the chosen experts are read."""
+        shapes {E, F, n_expert} and {F, E, n_expert}). Only the chosen experts are read. add + that
+        where add (T, E) is given (the residual stream, as matmul's)."""
 
     def split(self, x: Tensor, n_heads: int, widths: Sequence[int]) -> tuple[Tensor, ...]:
         """x (T, n_heads * sum(widths)), each head's features cut in that order -> one

@@ -84,16 +84,16 @@ MOE_TENSORS = [
 ]
 
 
-def moe_ffn(ops, lw, cfg: ArchConfig, x, bias=None):
+def moe_ffn(ops, lw, cfg: ArchConfig, x, bias=None, residual=None):
     """Sparse SwiGLU experts: each token is routed on W_g x to cfg.routing.n_used experts, whose
-    outputs are mixed by the routing weights (bias: for the choice only, see Ops.route)."""
+    outputs are mixed by the routing weights (bias: for the choice only, see Ops.route); + residual."""
     routes = ops.route(linear(ops, x, lw.ffn_gate_inp), cfg.routing, bias)  # (T, k) ids and weights
-    return ops.moe_ffn(x, routes, gate=lw.ffn_gate_exps, up=lw.ffn_up_exps, down=lw.ffn_down_exps)
+    return ops.moe_ffn(x, routes, gate=lw.ffn_gate_exps, up=lw.ffn_up_exps, down=lw.ffn_down_exps, add=residual)
 
 
 def feed_forward(ops, lw, cfg: ArchConfig, layer: int, x, residual):
     """residual + the layer's feed-forward of x."""
-    return ops.add(residual, moe_ffn(ops, lw, cfg, x)) if cfg.is_moe(layer) else swiglu_ffn(ops, lw, x, residual)
+    return moe_ffn(ops, lw, cfg, x, residual=residual) if cfg.is_moe(layer) else swiglu_ffn(ops, lw, x, residual)
 
 
 def decoder_forward(ops, w, cfg: ArchConfig, cache, batch: Batch, out_rows: Sequence[int], *,

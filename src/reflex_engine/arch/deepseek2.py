@@ -86,9 +86,9 @@ def mla_attention(ops, w, lw, cfg, cache, layer, batch, x, residual):
 def feed_forward(ops, lw, cfg, layer, x, residual):
     if not cfg.is_moe(layer):
         return swiglu_ffn(ops, lw, x, residual)
-    routed = moe_ffn(ops, lw, cfg, x, bias=lw.exp_probs_b)
     if not cfg.n_shared_experts:
-        return ops.add(residual, routed)
+        return moe_ffn(ops, lw, cfg, x, bias=lw.exp_probs_b, residual=residual)
+    routed = moe_ffn(ops, lw, cfg, x, bias=lw.exp_probs_b)
     shared = swiglu_mlp(ops, x, lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp)
     return ops.add(residual, ops.add(routed, shared))
 

@@ -298,9 +298,9 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
 // A decode pass's experts (moe.cu's stacked_matvec and experts_down over int16 x): y_i (n_tok, n_slots, n_rows)
 // for one or two stacked weights W_i of one shape (W1 null: one), block y = i · n_tok · n_slots + t · n_slots + j
 // computing X16_DECODE_ROWS rows of matrix ids[t, j] of W_i (matrix_bytes apart) times x's row t (x_sums, eps: a
-// norm's output, its one token). experts_down_x16: y (n_tok, n_rows) = Σ_j weights[t, j] · W_{ids[t, j]} h[t, j],
-// h (n_tok, n_used, n_cols) as int16 blocks; slots in order, each thread's shares weighted as they are added, so
-// the sum is the same on every call.
+// norm's output, its one token). experts_down_x16: y (n_tok, n_rows) = (add +) Σ_j weights[t, j] · W_{ids[t, j]}
+// h[t, j], h (n_tok, n_used, n_cols) as int16 blocks; slots in order, each thread's shares weighted as they are
+// added, so the sum is the same on every call.
 // LAUNCH: block as matvec_x16_1_<type>; grid = (ceil(n_rows / X16_DECODE_ROWS), weights · n_tok · n_slots) or,
 // experts_down_x16, n_tok.
 #define EXPERTS_X16_KERNELS(name, B, blocks)                                                                \
@@ -317,7 +317,8 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(X16_THREADS, blocks)                                       \
         experts_down_x16_##name(const uint8_t* W, int64_t matrix_bytes, const int* ids, const float* weights, \
-                                const uint8_t* xq, const float2* xds, float* y, int n_rows, int n_cols, int n_used) { \
+                                const uint8_t* xq, const float2* xds, const float* add, float* y, int n_rows,  \
+                                int n_cols, int n_used) {                                                   \
         follow_previous_kernel();                                                                           \
         __shared__ float partial[X16_THREADS / WARP][X16_DECODE_ROWS][1];                                   \
         const int r0 = blockIdx.x * X16_DECODE_ROWS;                                                        \
@@ -327,7 +328,8 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
             add_x16_dots<B, X16_DECODE_ROWS, 1>(W + ids[slot] * matrix_bytes, xq + 2 * slot * n_cols,       \
                                                 xds + slot * n_cols / 32, r0, n_rows, n_cols, 1, weights[slot], acc); \
         }                                                                                                   \
-        store_row_sums(acc, partial, y + (size_t)blockIdx.y * n_rows, r0, n_rows, 1);                       \
+        store_row_sums(acc, partial, y + (size_t)blockIdx.y * n_rows, r0, n_rows, 1,                        \
+                       add ? add + (size_t)blockIdx.y * n_rows : nullptr);                                  \
     }
 #define X16_KERNELS(name, B, blocks) MATVEC_X16_KERNEL(name, B, blocks) EXPERTS_X16_KERNELS(name, B, blocks)
 X16_KERNELS(q4_0, block_q4_0, X16_DECODE_BLOCKS_AN_SM)

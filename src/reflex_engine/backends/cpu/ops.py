@@ -208,13 +208,14 @@ class CpuOps:
             weights = weights * np.float32(routing.scale)
         return Routes(experts, weights.astype(np.float32))
 
-    def moe_ffn(self, x: np.ndarray, routes: Routes, *, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+    def moe_ffn(self, x: np.ndarray, routes: Routes, *, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
+                add: np.ndarray | None = None) -> np.ndarray:
         out = np.zeros_like(x)
         for e in np.unique(routes.experts):  # each chosen expert once, over the tokens that chose it
             rows, slot = np.nonzero(routes.experts == e)
             h = self.swiglu(x[rows] @ gate[e].T, x[rows] @ up[e].T) @ down[e].T  # (n, E)
             np.add.at(out, rows, h * routes.weights[rows, slot][:, None])
-        return out
+        return out if add is None else add + out
 
     # -- Gated DeltaNet ---------------------------------------------------------------------------
 

@@ -58,25 +58,26 @@ class ExpertOps:
                             routing.n_groups_used))
         return Routes(experts, weights)
 
-    def moe_ffn(self, x, routes: Routes, *, gate, up, down):
+    def moe_ffn(self, x, routes: Routes, *, gate, up, down, add=None):
         experts, weights = routes
-        t, k = experts.rows, experts.cols
+        t, k, c = experts.rows, experts.cols, _cuda_ops()
+        if t <= GROUPED_MIN_TOKENS and all(w.ggml_type in c.X16_MATVEC_TYPES for w in (gate, up, down)) \
+                and max(x.cols, k * gate.n_rows) <= self._x16_width:
+            return self._x16_moe_ffn(x, routes, gate=gate, up=up, down=down, add=add)  # add summed in its down's launch
         if t > GROUPED_MIN_TOKENS:
-            return self._grouped_moe_ffn(x, routes, gate=gate, up=up, down=down)
-        c = _cuda_ops()
-        if all(w.ggml_type in c.X16_MATVEC_TYPES for w in (gate, up, down)) and max(x.cols, k * gate.n_rows) <= self._x16_width:
-            return self._x16_moe_ffn(x, routes, gate=gate, up=up, down=down)
-        h = self.swiglu(self._stacked_matvec(x, gate, k, experts), self._stacked_matvec(x, up, k, experts))  # (T, k*F)
-        out = self._new(t, down.n_rows)
-        self.device.launch(_kernel("experts_down", down), (t, -(-down.n_rows // MOE_WARPS)), 32 * MOE_WARPS,
-                           (self._ready(down), matrix_bytes(down), experts.ptr, weights.ptr,
-                            h.ptr, out.ptr, down.n_rows, down.n_cols, k))
-        return out
+            out = self._grouped_moe_ffn(x, routes, gate=gate, up=up, down=down)
+        else:
+            h = self.swiglu(self._stacked_matvec(x, gate, k, experts), self._stacked_matvec(x, up, k, experts))  # (T, k*F)
+            out = self._new(t, down.n_rows)
+            self.device.launch(_kernel("experts_down", down), (t, -(-down.n_rows // MOE_WARPS)), 32 * MOE_WARPS,
+                               (self._ready(down), matrix_bytes(down), experts.ptr, weights.ptr,
+                                h.ptr, out.ptr, down.n_rows, down.n_cols, k))
+        return out if add is None else self.add(add, out)
 
-    def _x16_moe_ffn(self, x, routes: Routes, *, gate, up, down):
+    def _x16_moe_ffn(self, x, routes: Routes, *, gate, up, down, add):
         """A decode pass's experts on int16 x, as the dense matvecs (kernels/matvec_x16.cu stacked_matvec_x16_*,
         experts_down_x16_*): x's blocks made once (or taken from the norm before), gate and up in one launch where
-        they are of one type and shape, SwiGLU's blocks written beside h for the down."""
+        they are of one type and shape, SwiGLU's blocks written beside h for the down, which sums add in."""
         experts, weights = routes
         t, k, c = experts.rows, experts.cols, _cuda_ops()
         src = self._x16_source(x)
@@ -85,8 +86,8 @@ class ExpertOps:
         hs, out = self._x16_source(h), self._new(t, down.n_rows)
         self.device.launch(_kernel("experts_down_x16", down), (-(-down.n_rows // c.X16_DECODE_ROWS), t),
                            32 * min(4, -(-down.n_cols // 1024)),
-                           (self._ready(down), matrix_bytes(down), experts.ptr, weights.ptr, hs.xq, hs.xds, out.ptr,
-                            down.n_rows, down.n_cols, k))
+                           (self._ready(down), matrix_bytes(down), experts.ptr, weights.ptr, hs.xq, hs.xds,
+                            add.ptr if add is not None else 0, out.ptr, down.n_rows, down.n_cols, k))
         return out
 
     def _stacked_x16(self, src, run, experts, k: int):

@@ -21,7 +21,7 @@ FAMILIES = {
     "matvec_x16_mma": "PPPPPPPPPiiiiPfPPPPP",  # matvec_x16_mma.cu
     "matvec_x16_bulk": "PPPPPPPPPiiiiPfPPPPP",
     "stacked_matvec_x16": "PPqPPPPPiiiPf",
-    "experts_down_x16": "PqPPPPPiii",
+    "experts_down_x16": "PqPPPPPPiii",
     "stacked_matvec": "PqPPPiiiii",  # moe.cu
     "experts_down": "PqPPPPiii",
 }
