@@ -1,7 +1,9 @@
-"""Mixture of experts on CUDA (kernels/moe.cu) against the numpy backend: the router (ties, groups,
-the selection bias, scaling) and the experts (every weight type, tokens sharing experts, experts
-nobody picks), then qwen3moe's decode replayed as a CUDA graph against eager launches (test_moe.py
-checks it against transformers on both backends)."""
+"""Mixture of experts on CUDA against the numpy backend: the router (kernels/moe.cu: ties, groups, the selection
+bias, scaling) and the experts on each of their paths (a decode pass's on int16 x, kernels/matvec_x16.cu; a
+prompt's in tiles on tensor cores, kernels/gemm_tile.cu; the float kernels of moe.cu for the other types), every
+weight type, tokens sharing experts, experts nobody picks, with and without the residual stream; then qwen3moe's
+decode replayed as a CUDA graph against eager launches (test_moe.py checks it against transformers on both
+backends)."""
 from functools import cache
 
 import numpy as np
