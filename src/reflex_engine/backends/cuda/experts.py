@@ -110,23 +110,20 @@ class ExpertOps:
         experts, weights = routes
         t, k, n_expert, dev, c = experts.rows, experts.cols, gate.shape[2], self.device, _cuda_ops()
         offsets, order, place_of = self._new(1, n_expert + 1), self._new(t, k), self._new(t, k)  # int32 bits
-        tiled = {id(w) for w in (gate, up, down) if w.ggml_type in c.GEMM_TILE_TYPES and w.n_cols % 256 == 0}
-        n_tiles = -(-t * k // c.GEMM_TILE_TOKENS) + n_expert if tiled else 0  # the most there may be: each expert's last partial
-        tiles = self._new(1, 2 * n_tiles) if tiled else None  # (expert, first place) int32 pairs
+        tile_gate, tile_up, tile_down = (w.ggml_type in c.GEMM_TILE_TYPES and w.n_cols % 256 == 0 for w in (gate, up, down))
+        n_tiles = -(-t * k // c.GEMM_TILE_TOKENS) + n_expert  # the most there may be: each expert's last partial
+        tiles = self._new(1, 2 * n_tiles) if tile_gate or tile_up or tile_down else None  # (expert, first place) int32 pairs
         dev.launch("moe_group", (1,), 1024, (experts.ptr, t * k, n_expert, offsets.ptr, order.ptr, place_of.ptr,
-                                             tiles.ptr if tiled else 0, c.GEMM_TILE_TOKENS, n_tiles))
+                                             tiles.ptr if tiles else 0, c.GEMM_TILE_TOKENS, n_tiles if tiles else 0))
         xs = self._new(t, k * x.cols)
         dev.launch("moe_gather", (t * k,), 256, (x.ptr, order.ptr, xs.ptr, k, x.cols))
-        halves = {}  # an input's f16 copy, made once for the tiles that read it
 
-        def product(x_, weight):
-            if id(weight) not in tiled:
-                return self._grouped_matvec(x_, weight, offsets, k)
-            if id(x_) not in halves:
-                halves[id(x_)] = self._f16_interleaved(x_)
-            return self._tiled_experts(halves[id(x_)], weight, offsets, tiles, k)
+        def product(x_, x_f16, weight, tiled):  # x_f16: x_ as f16 (gemm_tile.cu's order), made once for every tile reading it
+            return self._tiled_experts(x_f16, weight, offsets, tiles, k) if tiled else self._grouped_matvec(x_, weight, offsets, k)
 
-        ys = product(self.swiglu(product(xs, gate), product(xs, up)), down)
+        xs_f16 = self._f16_interleaved(xs) if tile_gate or tile_up else None
+        h = self.swiglu(product(xs, xs_f16, gate, tile_gate), product(xs, xs_f16, up, tile_up))
+        ys = product(h, self._f16_interleaved(h) if tile_down else None, down, tile_down)
         out = self._new(t, down.n_rows)
         dev.launch("moe_combine", (t,), 256, (ys.ptr, place_of.ptr, weights.ptr, out.ptr, k, down.n_rows))
         return out
@@ -149,9 +146,10 @@ class ExpertOps:
         return out
 
     def _f16_interleaved(self, x):
-        """x as f16 in gemm_tile.cu's order (to_f16_interleaved), in a buffer of half x's floats."""
-        out, n = self._new(x.rows, x.cols // 2), x.rows * x.cols
-        self.device.launch("to_f16_interleaved", (-(-n // 1024),), 256, (x.ptr, out.ptr, n))
+        """x as f16 in gemm_tile.cu's order, in a buffer of half x's floats (the f16 scratch holds one pass of
+        tokens, not its (token, expert) pairs)."""
+        out = self._new(x.rows, x.cols // 2)
+        self._launch_f16(x, out.ptr, interleaved=True)
         return out
 
     def head_matmul(self, x, weight):

@@ -810,9 +810,12 @@ class CudaOps(ExpertOps, DeltaNetOps):
         swapped, kernels/gemm_tile.cu to_f16_interleaved), unless it holds this x so already."""
         held = self._xh_of
         if held is None or held[0] is not x or held[1] != interleaved:
-            n = x.rows * x.cols
-            self.device.launch("to_f16_interleaved" if interleaved else "to_f16", (-(-n // 1024),), 256, (x.ptr, self._xh, n))
+            self._launch_f16(x, self._xh, interleaved)
             self._xh_of = (x, interleaved)
+
+    def _launch_f16(self, x: Tensor, out: int, interleaved: bool) -> None:
+        n = x.rows * x.cols
+        self.device.launch("to_f16_interleaved" if interleaved else "to_f16", (-(-n // 1024),), 256, (x.ptr, out, n))
 
     def _elementwise(self, kernel: str, a: Tensor, b: Tensor) -> Tensor:
         out = self._new(a.rows, a.cols)
