@@ -172,25 +172,23 @@ def test_long_prompts_multiply_the_blocks_themselves(monkeypatch, qtype):
                 activation_width=4 * (n_rows + 200 + n_cols))
     w_cpu, w_gpu = both(gpu, qtype.name, n_rows, n_cols)
     other = both(gpu, qtype.name, 200, n_cols)[1]
-    launched = []
-    launch = gpu.device.launch
-    monkeypatch.setattr(gpu.device, "launch", lambda name, *a: (launched.append(name), launch(name, *a)))
-    for n_tok in (GEMM_TILE_MIN_TOKENS, 65, 130):
-        x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
-        ref = cpu.matmul(x.astype(np.float16).astype(np.float32), w_cpu).astype(np.float64)
-        products = {}
-        for form, blocks_an_sm in (("tile", 0), ("tile_split", 1 << 20)):
-            monkeypatch.setattr(cuda_ops, "GEMM_TILE_SPLIT_BLOCKS_AN_SM", blocks_an_sm)
-            gpu._plans.clear()
-            launched.clear()
-            products[form] = [gpu.to_host(gpu.matmul(host(gpu, x), w_gpu)) for _ in range(2)]
-            assert launched.count(f"gemm_{form}_{kernel_suffix(qtype)}") == 2 and not any(n.startswith("dequant_f16") for n in launched)
-            assert rel_err(products[form][0], ref) < 1e-3, (form, n_tok)
-            np.testing.assert_array_equal(products[form][1], products[form][0])
-            together = [gpu.to_host(y) for y in gpu.matmuls(host(gpu, x), [w_gpu, other])]
-            np.testing.assert_array_equal(together[0], products[form][0])
-            np.testing.assert_array_equal(together[1], gpu.to_host(gpu.matmul(host(gpu, x), other)))
-        assert rel_err(products["tile_split"][0], products["tile"][0].astype(np.float64)) < 2e-5, n_tok
+    with recorded_launches(gpu) as launched:
+        for n_tok in (GEMM_TILE_MIN_TOKENS, 65, 130):
+            x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
+            ref = cpu.matmul(x.astype(np.float16).astype(np.float32), w_cpu).astype(np.float64)
+            products = {}
+            for form, blocks_an_sm in (("tile", 0), ("tile_split", 1 << 20)):
+                monkeypatch.setattr(cuda_ops, "GEMM_TILE_SPLIT_BLOCKS_AN_SM", blocks_an_sm)
+                gpu._plans.clear()
+                launched.clear()
+                products[form] = [gpu.to_host(gpu.matmul(host(gpu, x), w_gpu)) for _ in range(2)]
+                assert launched.count(f"gemm_{form}_{kernel_suffix(qtype)}") == 2 and not any(n.startswith("dequant_f16") for n in launched)
+                assert rel_err(products[form][0], ref) < 1e-3, (form, n_tok)
+                np.testing.assert_array_equal(products[form][1], products[form][0])
+                together = [gpu.to_host(y) for y in gpu.matmuls(host(gpu, x), [w_gpu, other])]
+                np.testing.assert_array_equal(together[0], products[form][0])
+                np.testing.assert_array_equal(together[1], gpu.to_host(gpu.matmul(host(gpu, x), other)))
+            assert rel_err(products["tile_split"][0], products["tile"][0].astype(np.float64)) < 2e-5, n_tok
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES)
@@ -271,7 +269,7 @@ def test_ops_that_feed_a_matvec_leave_it_their_int16_blocks_bit_for_bit(gpu):
 
 @pytest.mark.parametrize("qtype,width,n_ff", [("Q4_K", 1024, 512), ("Q6_K", 1024, 768), ("Q8_0", 512, 1024), ("Q4_K", 4096, 4096)],
                          ids=["q4_K", "q6_K", "q8_0", "tensor-cores"])
-def test_a_norm_between_one_tokens_matvecs_is_theirs_within_int16_rounding(gpu, monkeypatch, qtype, width, n_ff):
+def test_a_norm_between_one_tokens_matvecs_is_theirs_within_int16_rounding(gpu, qtype, width, n_ff):
     """down (n_ff -> width, the residual summed in), the norm of its product, then gate and up (two types:
     two launches) in a one-token pass: down writes the int16 blocks of y∘w and each group's sum of squares
     (kernels/x16.cuh NormOut), gate and up scale their sums by the norm's. Their products are the
@@ -281,21 +279,19 @@ def test_a_norm_between_one_tokens_matvecs_is_theirs_within_int16_rounding(gpu, 
     norm = rng.standard_normal(width).astype(np.float32)
     norm_gpu = loaded(gpu, "n", GGMLType.F32, (width,), norm.tobytes())
     h, r = rng.standard_normal((1, n_ff)).astype(np.float32), rng.standard_normal((1, width)).astype(np.float32) * 3
-    launched = []
-    launch = gpu.device.launch
-    monkeypatch.setattr(gpu.device, "launch", lambda name, *a: (launched.append(name), launch(name, *a)))
-    runs = {}
-    try:
-        for fused in (True, False):
-            gpu.fuse_norms = fused
-            launched.clear()
-            y = gpu.matmul(host(gpu, h), down[1], add=gpu.from_host(r))
-            normed = gpu.rms_norm(y, norm_gpu, 1e-6)
-            products = [gpu.to_host(p) for p in gpu.matmuls(normed, [gate[1], up[1]])]
-            assert ("norm_f32" in launched) != fused, fused
-            runs[fused] = products, gpu.to_host(normed), gpu.to_host(y)
-    finally:
-        gpu.fuse_norms = True
+    with recorded_launches(gpu) as launched:
+        runs = {}
+        try:
+            for fused in (True, False):
+                gpu.fuse_norms = fused
+                launched.clear()
+                y = gpu.matmul(host(gpu, h), down[1], add=gpu.from_host(r))
+                normed = gpu.rms_norm(y, norm_gpu, 1e-6)
+                products = [gpu.to_host(p) for p in gpu.matmuls(normed, [gate[1], up[1]])]
+                assert ("norm_f32" in launched) != fused, fused
+                runs[fused] = products, gpu.to_host(normed), gpu.to_host(y)
+        finally:
+            gpu.fuse_norms = True
     (fused_products, fused_normed, fused_y), (products, normed, y) = runs[True], runs[False]
     np.testing.assert_array_equal(fused_y, y)
     np.testing.assert_array_equal(fused_normed, normed)
@@ -345,7 +341,7 @@ def test_matmuls_equal_the_matmuls_one_by_one(gpu, kinds, n_cols):
 
 @pytest.mark.parametrize("rows,n_cols", [([300, 40, 64], 4096), ([9000], 4096), ([4100, 70], 12288)],
                          ids=["fused", "groups-a-block", "wide"])
-def test_bulk_matvec_is_the_register_matvec_to_the_bit(monkeypatch, rows, n_cols):
+def test_bulk_matvec_is_the_register_matvec_to_the_bit(rows, n_cols):
     """From sm_90 on, one token's Q4_K matvec streams its rows through shared memory (matvec_x16_bulk_q4_K):
     a grid of 2 blocks an SM, each walking its groups of 32 rows (9,000 rows: some blocks two groups) and
     each group's stages of 8 superblocks through a ring of 2 (12,288 columns: 6 a group). Every lane sums
@@ -360,22 +356,20 @@ def test_bulk_matvec_is_the_register_matvec_to_the_bit(monkeypatch, rows, n_cols
     weights = [both(gpu, "Q4_K", n, n_cols) for n in rows]
     x = rng.standard_normal((1, n_cols)).astype(np.float32)
     r = rng.standard_normal((1, rows[0])).astype(np.float32)
-    launched = []
-    launch = gpu.device.launch
-    monkeypatch.setattr(gpu.device, "launch", lambda name, *a: (launched.append(name), launch(name, *a)))
 
     def products():
         xt = host(gpu, x)
         together = [gpu.to_host(y) for y in gpu.matmuls(xt, [w for _, w in weights])]
         return together, gpu.to_host(gpu.matmul(xt, weights[0][1], add=gpu.from_host(r)))
 
-    bulk, bulk_added = products()
-    assert "matvec_x16_bulk_q4_K" in launched and "matvec_x16_mma_q4_K" not in launched
-    gpu._sm90 = False
-    gpu._plans.clear()
-    launched.clear()
-    register, register_added = products()
-    assert "matvec_x16_mma_q4_K" in launched and "matvec_x16_bulk_q4_K" not in launched
+    with recorded_launches(gpu) as launched:
+        bulk, bulk_added = products()
+        assert "matvec_x16_bulk_q4_K" in launched and "matvec_x16_mma_q4_K" not in launched
+        gpu._sm90 = False
+        gpu._plans.clear()
+        launched.clear()
+        register, register_added = products()
+        assert "matvec_x16_mma_q4_K" in launched and "matvec_x16_bulk_q4_K" not in launched
     for (w_cpu, _), got, want in zip(weights, bulk, register):
         np.testing.assert_array_equal(got, want)
         assert rel_err(got, cpu.matmul(x16_rounded(x), w_cpu).astype(np.float64)) < 1e-5
