@@ -363,7 +363,7 @@ attention_cluster(const float* q, const __half* k_cache, const __half* v_cache, 
     // a decode step's clusters (n_heads x 8 blocks) fit the SMs at once and start beside the rope; a short batch's
     // may take waves, whose later blocks would ask on their own path
     if (n_tok == 1) ask_l2_for_earlier_slots(k_cache, v_cache, start_at, n_tok, n_heads, n_kv_heads, dk, dv);
-    follow_previous_kernel();
+    follow_previous_kernel_early();
     cluster_arrive(false);  // this block has started: its shared memory may be written once every block has
     __shared__ AttnMerge merge;
     __shared__ float2 own_pair;

@@ -19,6 +19,17 @@ __device__ __forceinline__ void follow_previous_kernel() {
 #endif
 }
 
+// follow_previous_kernel with the next kernel's launch let go first: its blocks may then start (and ask for what
+// no kernel writes) while this one still waits for the one before. Its wait still waits for this kernel's end,
+// which comes after this kernel's own wait. Taken by the short decode kernels a matvec follows (rope, SwiGLU, the
+// cluster attention): +0.7-0.9% on Qwen3-0.6B and 8B decode; every kernel early lost 2-2.5%, the matvecs ~1%.
+__device__ __forceinline__ void follow_previous_kernel_early() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // The cluster barrier's halves: every thread of the cluster arrives, then waits until all have (or exited).
 // Arrived with release, waited with acquire: shared memory writes before the arrival, the cluster's own
 // included, are visible after the wait.

@@ -112,7 +112,7 @@ extern "C" __global__ void rope_f32(const float* x0, float* y0, const float* nor
                                     __half* k_cache, __half* v_cache, const float* v, int v_width, int* slot_seg,
                                     const int* seg, const int* start_at) {
     ask_l2_for_rope_constants(norm0, norm1, heads0, head_dim, angles, angles_ready, n_rot);
-    follow_previous_kernel();
+    follow_previous_kernel_early();
     __shared__ float2 cs[ROPE_MAX_PAIRS];
     __shared__ float scale;
     const bool second = blockIdx.y >= heads0;
@@ -153,7 +153,7 @@ extern "C" __global__ void add_f32(const float* a, const float* b, float* y, int
 // silu(gate) * up as gate / (1 + exp(-gate)) * up: exp overflowing to inf gives -0, as in numpy. With
 // xq, y's int16 blocks too (x16.cuh; n a multiple of 32).
 extern "C" __global__ void swiglu_f32(const float* gate, const float* up, float* y, int64_t n, uint8_t* xq, float2* xds) {
-    follow_previous_kernel();
+    follow_previous_kernel_early();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const bool in = i < n;  // lanes past n still take part in store_x16's shuffles
     const float g = in ? gate[i] : 0.0f, v = in ? __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), up[i]) : 0.0f;
