@@ -695,3 +695,31 @@ def test_experts_take_int16_x_in_a_decode_pass_and_tensor_core_tiles_in_a_prompt
                            *tiled, ("swiglu_f32", (-(-n_tok * k * f // 256),)), *last, ("moe_combine", (n_tok,))], name
     assert ("gemm_tile_experts_q4_K", driver.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ops_module.GEMM_TILE_SHARED) in allowed
 
+
+
+def test_a_prompts_heads_take_tensor_core_tiles_where_the_type_and_width_allow(fake, monkeypatch):
+    """head_matmul (MLA's attn_k_b, attn_v_b): up to 8 tokens the stacked matvec, a token and head a grid row; past
+    them gemm_tile_heads (grid: tiles of 64 tokens, groups of 128 rows, heads), x as f16 once. DeepSeek-V2-Lite's
+    attn_k_b is 512 rows of 128 columns of Q5_0 (half a superblock: tiles), its attn_v_b 128 rows of 512 of Q4_K;
+    a type gemm_tile.cu has no kernels for (Q4_0) keeps the matvec, as do rows of 96 columns."""
+    launched, allowed = recorded_launches(fake, monkeypatch, (9, 0))
+    n_heads = 16
+    mats = {"k_b": (GGMLType.Q5_0, (128, 512, n_heads)), "v_b": (GGMLType.Q4_K, (512, 128, n_heads)),
+            "q4_0": (GGMLType.Q4_0, (128, 512, n_heads)), "narrow": (GGMLType.Q8_0, (96, 512, n_heads))}
+    ops = ops_module.CudaOps()
+    ops.reserve(list(mats.values()), CacheShape(1, 16, 64, 64), activation_width=4 * 16 * 512)
+    weights = {name: ops.load_weight(name, t, shape, bytes(shape[0] * shape[1] * n_heads // GGML_BLOCK[t][0] * GGML_BLOCK[t][1]))
+               for name, (t, shape) in mats.items()}
+    ops.commit_weights()
+    for name, w in weights.items():
+        for n_tok in (8, 9, 130):
+            launched.clear()
+            ops.head_matmul(ops.from_host(np.zeros((n_tok, n_heads * w.n_cols), np.float32)), w)
+            got = [(n, g) for n, g, _ in launched]
+            if n_tok > 8 and name in ("k_b", "v_b"):
+                kernel = f"gemm_tile_heads_{ops_module.kernel_suffix(w.ggml_type)}"
+                assert got == [("to_f16_interleaved", (-(-n_tok * n_heads * w.n_cols // 1024),)),
+                               (kernel, (-(-n_tok // 64), -(-w.n_rows // 128), n_heads))], (name, n_tok)
+                assert (kernel, driver.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ops_module.GEMM_TILE_SHARED) in allowed
+            else:
+                assert got == [(f"stacked_matvec_{ops_module.kernel_suffix(w.ggml_type)}", (n_tok * n_heads, w.n_rows // 4))], (name, n_tok)

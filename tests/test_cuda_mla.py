@@ -6,10 +6,13 @@ both backends)."""
 import numpy as np
 import pytest
 
+from reflex_engine.backends.cuda.experts import GROUPED_MIN_TOKENS
+from reflex_engine.backends.cuda.ops import GEMM_TILE_TYPES, kernel_suffix
 from reflex_engine.gguf import GGML_BLOCK, GGMLType
 from reflex_engine.ops import Batch, CacheShape, Rope, RopeMode, StateArray
 from test_cuda_moe import decode_with_and_without_graphs
-from test_cuda_ops import KERNEL_TYPES, cpu, f16_rounded, gpu, host, loaded, random_weight, rel_err  # noqa: F401 (gpu: a fixture)
+from test_cuda_ops import (KERNEL_TYPES, cpu, f16_rounded, gpu, host, loaded, random_weight, recorded_launches,  # noqa: F401 (gpu: a fixture)
+                           rel_err)
 from test_goldens import paths
 
 pytestmark = pytest.mark.gpu
@@ -28,16 +31,28 @@ def test_split_and_concat_match_the_cpu(gpu, n_heads, widths, n_tok):
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES)
-@pytest.mark.parametrize("n_tok", [1, 8, 77])
+@pytest.mark.parametrize("n_tok", [1, 8, 9, 77])
 def test_head_matmul_matches_the_cpu(gpu, qtype, n_tok):
-    n_heads = 3
-    # (out, in) per head: MLA's attn_k_b (kv_lora, nope) and attn_v_b (v_head, kv_lora) shapes, ragged for floats
-    shapes = [(72, 40), (40, 200)] if GGML_BLOCK[GGMLType[qtype]][0] == 1 else [(64, 256), (256, 512)]
+    """A decode pass's heads by the stacked matvec, to float32 rounding. Past 8 tokens the types of kernels/gemm_tile.cu
+    take its tiles of 64 tokens, a head a block's z: x and the weights rounded to f16 (the reference on x rounded
+    so; the weights' rounding left, as test_cuda_ops allows the dense tiles), each head's slice of x and of the
+    product in its place, no other kernel launched."""
+    n_heads, t = 3, GGMLType[qtype]
+    # (out, in) per head: MLA's attn_k_b (kv_lora, nope) and attn_v_b (v_head, kv_lora) shapes, ragged for floats;
+    # 32-element blocks: DeepSeek-V2-Lite's attn_k_b too, 512 rows of 128 columns (half a superblock)
+    block = GGML_BLOCK[t][0]
+    shapes = [(72, 40), (40, 200)] if block == 1 else [(64, 256), (256, 512)] + [(512, 128)] * (block == 32)
+    tiled = n_tok > GROUPED_MIN_TOKENS and t in GEMM_TILE_TYPES
     for n_out, n_in in shapes:
         data, shape = random_weight(qtype, n_heads * n_out, n_in), (n_in, n_out, n_heads)
-        w_cpu, w_gpu = cpu.load_weight("w", GGMLType[qtype], shape, data), loaded(gpu, "w", GGMLType[qtype], shape, data)
+        w_cpu, w_gpu = cpu.load_weight("w", t, shape, data), loaded(gpu, "w", t, shape, data)
         x = rng.standard_normal((n_tok, n_heads * n_in)).astype(np.float32)
-        assert rel_err(gpu.to_host(gpu.head_matmul(host(gpu, x), w_gpu)), cpu.head_matmul(x, w_cpu)) < 1e-5
+        gpu.poison()
+        with recorded_launches(gpu) as launched:
+            got = gpu.to_host(gpu.head_matmul(host(gpu, x), w_gpu))
+        want = cpu.head_matmul(f16_rounded(x) if tiled else x, w_cpu)
+        assert [n for n in launched if "matvec" in n or "gemm" in n] == [f"{'gemm_tile_heads' if tiled else 'stacked_matvec'}_{kernel_suffix(t)}"]
+        assert rel_err(got, want) < (1e-3 if tiled else 1e-5), (n_out, n_in)
 
 
 @pytest.mark.parametrize("rope", [

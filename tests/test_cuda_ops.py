@@ -152,22 +152,24 @@ def test_fragment_gemm_rounds_only_x_to_f16(gpu, qtype):
         assert rel_err(got, ref) < 1e-5, n_tok
 
 
-@pytest.mark.parametrize("qtype", GEMM_TILE_TYPES)
-def test_long_prompts_multiply_the_blocks_themselves(monkeypatch, qtype):
-    """From GEMM_TILE_MIN_TOKENS tokens on, Q4_K, Q6_K and Q8_0 rows of whole superblocks take kernels/gemm_tile.cu,
-    no f16 copy of the weights: each lane makes its rows' weights f16 itself (the quants exact, d·sc and dmin·m
-    rounded to f16), x rounded to f16. Against the reference on x rounded so, what is left is the weights' rounding,
-    as gemm_f16.cu's copy has it. 300 rows: two blocks of 128 and a partial one; 65 and 130 tokens: a partial token
-    tile; 17 superblocks a row: an odd one last, in the second of the two stages. A launch of few blocks takes
-    clusters of GEMM_TILE_SPLITS, each a share of the 17 (4, 4, 4, 5), the first adding the others' sums: the same
-    product to float32 rounding, the same bits on every call. In either form a weight's product is its own launch's
-    bits when another weight (200 rows) shares the launch."""
+@pytest.mark.parametrize("qtype,n_cols", [(t, 4352) for t in GEMM_TILE_TYPES]
+                         + [(t, 4224) for t in GEMM_TILE_TYPES if GGML_BLOCK[t][0] == 32])
+def test_long_prompts_multiply_the_blocks_themselves(monkeypatch, qtype, n_cols):
+    """From GEMM_TILE_MIN_TOKENS tokens on, Q4_K, Q6_K, Q8_0 and Q5_0 rows take kernels/gemm_tile.cu, no f16 copy of
+    the weights: each lane makes its rows' weights f16 itself (the quants exact, d·sc and dmin·m rounded to f16), x
+    rounded to f16. Against the reference on x rounded so, what is left is the weights' rounding, as gemm_f16.cu's
+    copy has it. 300 rows: two blocks of 128 and a partial one; 65 and 130 tokens: a partial token tile; 17
+    superblocks a row: an odd one last, in the second of the two stages, or (4,224 columns, Q8_0 and Q5_0) 16 and
+    a half, its half's other X columns zeros. A launch of few blocks takes clusters of GEMM_TILE_SPLITS, each a
+    share of the 17 (4, 4, 4, 5; the half in the last), the first adding the others' sums: the same product to
+    float32 rounding, the same bits on every call. In either form a weight's product is its own launch's bits when
+    another weight (200 rows) shares the launch."""
     from reflex_engine.backends.cuda import CudaOps, ops as cuda_ops
 
     gpu = CudaOps()  # its own scratch: the module's f16 x holds 512 columns of a long prompt
     if not gpu._sm90:
         pytest.skip("the split form's clusters need sm_90 or later")
-    n_rows, n_cols = 300, 4352
+    n_rows = 300
     gpu.reserve([(qtype, (n_cols, n_rows)), (qtype, (n_cols, 200))], CacheShape(1, 16, 64, 64),
                 activation_width=4 * (n_rows + 200 + n_cols))
     w_cpu, w_gpu = both(gpu, qtype.name, n_rows, n_cols)

@@ -1,4 +1,4 @@
-// Prompts' Q4_K, Q6_K and Q8_0 matmuls on tensor cores straight from the GGUF blocks: Y (n_tok, n_rows) =
+// Prompts' Q4_K, Q6_K, Q8_0 and Q5_0 matmuls on tensor cores straight from the GGUF blocks: Y (n_tok, n_rows) =
 // X · Wᵀ (+ add), X as f16 with its pairs interleaved (to_f16_interleaved), from ops.GEMM_TILE_MIN_TOKENS tokens
 // on. Why: gemm_f16.cu multiplies an f16 copy of the weights that a pass first writes to memory, 2 bytes a weight
 // written and read back whatever the prompt's length; on the H200 an 8B Q4_K_M pass of 128 tokens took 35 ms that
@@ -21,6 +21,10 @@
 // A launch of fewer blocks than SMs (a short prompt's o and down: 4,096 rows are 32 blocks a token tile) runs
 // gemm_tile_split_*: clusters of GT_SPLITS blocks, each taking a share of the superblocks, whose first adds the
 // others' sums from their shared memory in rank order: the same bits whatever the timing.
+//
+// The types of 32-element blocks (Q8_0, Q5_0) may end a row in half a superblock (n_cols % 256 == 128): llama.cpp
+// quantizes rows that are not whole superblocks so, as DeepSeek-V2-Lite's experts' downs (1,408 columns) and its
+// attn_k_b (128). That last step multiplies half 0 alone, X's other half staged as zeros.
 #include "common.cuh"
 #include "mma.cuh"
 #include "quant_blocks.cuh"
@@ -174,12 +178,51 @@ struct TileQ80 {
     }
 };
 
+// Q5_0: Q8_0's runs and blocks (half G of superblock s is blocks 8s + 4G .. + 3; run 0 block 4G + c / 2, run 1
+// block 4G + 2 + c / 2), a run the low (c even) or high (c odd) nibbles of the block's 16 qs bytes, bit 4 of its
+// elements qh's bits 16(c % 2).. Blocks of 22 bytes: shifted words, reaching at most the next block's d.
+struct TileQ50 {
+    using Block = block_q5_0;
+    uint32_t qs[4][2][4], qh[4][2];
+    float d[4][2];
+
+    __device__ __forceinline__ void load(const uint8_t* const (&rows)[4], int s, int G, int c) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+            for (int run = 0; run < 2; ++run) {
+                const uint8_t* b = rows[r] + sizeof(Block) * ((size_t)8 * s + 4 * G + 2 * run + c / 2);
+                uint32_t h[1];
+                load_words_shifted(b + 6, qs[r][run]);
+                load_words_shifted(b + 2, h);
+                qh[r][run] = h[0], d[r][run] = f16_to_float(load_u16(b));
+            }
+    }
+    __device__ static int run_at(int run, int c) { return 64 * run + 16 * c; }
+
+    __device__ __forceinline__ void fragments(int, int run, int c, uint32_t (&a)[4][2][4], uint32_t magic) const {
+        const __half2 bias = __float2half2_rn(1040.0f), add = __float2half2_rn(0.0f);  // 1024 + 16: q5 - 16
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const __half2 mul = __float2half2_rn(d[r][run]);  // an f16 already: exact
+            const uint32_t hi = qh[r][run] >> 16 * (c % 2);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const uint32_t q = (qs[r][run][i] >> 4 * (c % 2) & 0x0F0F0F0Fu) | spread4(hi >> 4 * i) << 4;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) a[i][r / 2][r % 2 + 2 * e] = weight_pair(pair_bits<0x001F001Fu>(q, e == 0, magic), bias, mul, add);
+            }
+        }
+    }
+};
+
 // Rows row0.. row0 + GT_ROWS - 1 of Y for tokens tok0.. tok0 + 63, over superblocks s_begin.. s_end - 1 (SPLIT: the
-// block's share; the cluster's first block stores the tile); every thread of the block calls it.
+// block's share; the cluster's first block stores the tile); every thread of the block calls it. X's and Y's rows
+// are x_stride and y_stride apart (a head's slice of wider rows: gemm_tile_heads).
 template <class T, bool SPLIT>
 __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ W, const __half* __restrict__ X, float* __restrict__ Y,
-                                          const float* __restrict__ add, int row0, int n_rows, int n_cols, int tok0,
-                                          int n_tok, int s_begin, int s_end) {
+                                          const float* __restrict__ add, int row0, int n_rows, int n_cols, int x_stride,
+                                          int y_stride, int tok0, int n_tok, int s_begin, int s_end) {
     using B = typename T::Block;
     extern __shared__ uint4 xs[];  // GT_STAGES stages of GT_STAGE_CHUNKS chunks
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane / 4, c = lane % 4;
@@ -192,35 +235,41 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ W, const _
     // superblock s's columns of the tile's tokens (past n_tok: 0): lane l of warp w copies chunk l of tokens w + GT_WARPS·j,
     // so its chunk's place in a token's row is the same for all of them (GT_WARPS even: one parity)
     static_assert(GT_CHUNKS == WARP && GT_WARPS % 2 == 0, "a lane a chunk, every token of one parity");
-    const __half* x_from = X + (size_t)(tok0 + warp) * n_cols + 8 * lane;
+    const __half* x_from = X + (size_t)(tok0 + warp) * x_stride + 8 * lane;
     const int x_to = gt_chunk(warp, lane);
     auto stage_x = [&](int s) {
         uint4* stage = xs + s % GT_STAGES * GT_STAGE_CHUNKS + x_to;
+        const bool in_row = 256 * s + 8 * lane < n_cols;  // a half superblock's other half: zeros
 #pragma unroll
         for (int j = 0; j < GT_TOKENS / GT_WARPS; ++j) {
-            const bool valid = tok0 + warp + GT_WARPS * j < n_tok;
-            cp_async16(stage + GT_CHUNKS * GT_WARPS * j, valid ? x_from + (size_t)GT_WARPS * j * n_cols + 256 * s : X, valid);
+            const bool valid = in_row && tok0 + warp + GT_WARPS * j < n_tok;
+            cp_async16(stage + GT_CHUNKS * GT_WARPS * j, valid ? x_from + (size_t)GT_WARPS * j * x_stride + 256 * s : X, valid);
         }
         cp_async_commit();
     };
 
     float acc[2][GT_TOKENS / 8][4] = {};  // [tile][token tile]: rows 16·tile + g (+ 8), tokens 8·tt + 2c (+ 1)
     const uint32_t magic = 0x64006400u;  // | 1024 in both halves' exponents
-    // step 2s + h multiplies half h of superblock s from `cur` and has the next half's weights loaded into `next`
-    auto step = [&](int s, int h, T& cur, T& next) {
+    // step 2s + h multiplies half h of superblock s from `cur` and has the next half's weights loaded into `next`;
+    // `last`: the row's last superblock is half of one, and this its step
+    auto step = [&](int s, int h, T& cur, T& next, bool last) {
         if (h == 0) {
             if (s + 1 < s_end) stage_x(s + 1);
             else cp_async_commit();  // an empty group: the wait counts groups
             if (s + 2 < s_end) {  // L2 has them by the time `next` asks: one half's multiplies alone left its loads waiting
                 constexpr int SUPER = sizeof(B) * (256 / B::elems);  // a superblock's bytes; the lanes ask within it
+                const int bytes = 256 * (s + 2) + 128 == n_cols ? SUPER / 2 : SUPER;
 #pragma unroll
-                for (int r = 0; r < 4; ++r) prefetch_l2(rows[r] + SUPER * (size_t)(s + 2) + min(64 * c, SUPER - 1));
+                for (int r = 0; r < 4; ++r) prefetch_l2(rows[r] + SUPER * (size_t)(s + 2) + min(64 * c, bytes - 1));
             }
             cp_async_wait<1>();
             __syncthreads();  // superblock s's X is in, from every thread's copies
         }
-        if (h == 0) next.load(rows, s, 1, c);
-        else if (s + 1 < s_end) next.load(rows, s + 1, 0, c);
+        if (h == 0) {
+            if (!last) next.load(rows, s, 1, c);
+        } else if (s + 1 < s_end) {
+            next.load(rows, s + 1, 0, c);
+        }
         const uint4* stage = xs + s % GT_STAGES * GT_STAGE_CHUNKS;
 #pragma unroll
         for (int run = 0; run < 2; ++run) {
@@ -240,15 +289,16 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ W, const _
                 }
             }
         }
-        if (h == 1) __syncthreads();  // every warp is done with this stage before superblock s + 2's X refills it
+        if (h == 1 || last) __syncthreads();  // every warp is done with this stage before superblock s + 2's X refills it
     };
 
     T p0, p1;
     p0.load(rows, s_begin, 0, c);
     stage_x(s_begin);
     for (int s = s_begin; s < s_end; ++s) {
-        step(s, 0, p0, p1);
-        step(s, 1, p1, p0);
+        const bool last = B::elems == 32 && 256 * s + 128 == n_cols;  // never, for the K-quants' whole superblocks
+        step(s, 0, p0, p1, last);
+        if (!last) step(s, 1, p1, p0, false);
     }
     if constexpr (SPLIT) {  // each block's sums into its own (free) stages; the first block adds the others' to its own
         float* own = reinterpret_cast<float*>(xs);
@@ -284,7 +334,7 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ W, const _
             for (int k = 0; k < 4; ++k) {
                 const int row = row0 + 32 * warp + 16 * t + g + 8 * (k / 2), tok = tok0 + 8 * tt + 2 * c + k % 2;
                 if (row >= n_rows || tok >= n_tok) continue;
-                const size_t at = (size_t)tok * n_rows + row;
+                const size_t at = (size_t)tok * y_stride + row;
                 Y[at] = add ? add[at] + acc[t][tt][k] : acc[t][tt][k];
             }
 }
@@ -292,7 +342,8 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ W, const _
 // Y_i (n_tok, rows_i) = X · W_iᵀ for up to three weights of one type (common.cuh fused_part; + add, as Y0, where
 // not null), X (n_tok, n_cols) as f16; _split: in clusters of GT_SPLITS blocks (sm_90+), each a share of the columns.
 // LAUNCH: block = 32 · GT_WARPS; grid = (ceil(n_tok / GT_TOKENS), Σ ceil(rows_i / GT_ROWS), 1 or, _split, GT_SPLITS);
-// dynamic shared memory GT_STAGES · GT_STAGE_CHUNKS · 16 bytes; n_cols % 256 == 0, _split: n_cols >= 256 · GT_SPLITS.
+// dynamic shared memory GT_STAGES · GT_STAGE_CHUNKS · 16 bytes; n_cols % 256 == 0 (Q8_0, Q5_0: % 128), _split:
+// n_cols >= 256 · GT_SPLITS.
 #if __CUDA_ARCH__ >= 900
 #define GT_SPLIT_DIMS __cluster_dims__(1, 1, GT_SPLITS)
 #else
@@ -304,10 +355,11 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ W, const _
              float* Y2, const float* add, int rows0, int rows1, int rows2, int n_cols, int n_tok) {               \
         follow_previous_kernel();                                                                                 \
         int u = blockIdx.y;                                                                                       \
-        const int i = fused_part(u, GT_ROWS, rows0, rows1), n_super = n_cols / 256;                              \
-        gemm_tile<T, SPLIT>(pick(i, W0, W1, W2), X, pick(i, Y0, Y1, Y2), i == 0 ? add : nullptr, u * GT_ROWS, \
-                               pick(i, rows0, rows1, rows2), n_cols, blockIdx.x * GT_TOKENS, n_tok,               \
-                               blockIdx.z * n_super / gridDim.z, (blockIdx.z + 1) * n_super / gridDim.z);         \
+        const int i = fused_part(u, GT_ROWS, rows0, rows1), n_super = (n_cols + 255) / 256;                      \
+        const int rows = pick(i, rows0, rows1, rows2);                                                            \
+        gemm_tile<T, SPLIT>(pick(i, W0, W1, W2), X, pick(i, Y0, Y1, Y2), i == 0 ? add : nullptr, u * GT_ROWS,     \
+                            rows, n_cols, n_cols, rows, blockIdx.x * GT_TOKENS, n_tok,                            \
+                            blockIdx.z * n_super / gridDim.z, (blockIdx.z + 1) * n_super / gridDim.z);            \
     }
 // A prompt's experts, its (token, slot) pairs grouped by expert (moe.cu moe_group: expert e's pairs are places
 // offsets[e].. offsets[e + 1] - 1): Y's place p (n_rows) = X's place p (n_cols, f16 interleaved) · W_eᵀ, W_e the
@@ -323,16 +375,33 @@ __device__ __forceinline__ void gemm_tile(const uint8_t* __restrict__ W, const _
         if (tile.x < 0) return;                                                                                   \
         const int first = offsets[tile.x];                                                                        \
         gemm_tile<T, false>(W + tile.x * matrix_bytes, X + (size_t)first * n_cols, Y + (size_t)first * n_rows,   \
-                            nullptr, blockIdx.y * GT_ROWS, n_rows, n_cols, tile.y, offsets[tile.x + 1] - first, 0, \
-                            n_cols / 256);                                                                        \
+                            nullptr, blockIdx.y * GT_ROWS, n_rows, n_cols, n_cols, n_rows, tile.y,                \
+                            offsets[tile.x + 1] - first, 0, (n_cols + 255) / 256);                                \
+    }
+// Per-head matrices (MLA's attn_k_b and attn_v_b in a prompt): Y's row t, slice h (n_rows) = X's row t, slice h
+// (n_cols, f16 interleaved) · W_hᵀ, W_h the stacked weight's matrix h (matrix_bytes apart).
+// LAUNCH: block = 32 · GT_WARPS; grid = (ceil(n_tok / GT_TOKENS), ceil(n_rows / GT_ROWS), n_heads); gemm_tile_*'s
+// shared memory and n_cols.
+#define GEMM_TILE_HEADS_KERNEL(name, T)                                                                          \
+    extern "C" __global__ void __launch_bounds__(GT_WARPS * WARP, 2)                                              \
+        gemm_tile_heads_##name(const uint8_t* W, int64_t matrix_bytes, const __half* X, float* Y, int n_rows,      \
+                               int n_cols, int n_tok) {                                                           \
+        follow_previous_kernel();                                                                                 \
+        const int h = blockIdx.z, n_heads = gridDim.z;                                                            \
+        gemm_tile<T, false>(W + h * matrix_bytes, X + (size_t)h * n_cols, Y + (size_t)h * n_rows, nullptr,       \
+                            blockIdx.y * GT_ROWS, n_rows, n_cols, n_heads * n_cols, n_heads * n_rows,             \
+                            blockIdx.x * GT_TOKENS, n_tok, 0, (n_cols + 255) / 256);                              \
     }
 #define GEMM_TILE_KERNELS(name, T)                                 \
     GEMM_TILE_KERNEL(gemm_tile_##name, T, false, )                 \
     GEMM_TILE_KERNEL(gemm_tile_split_##name, T, true, GT_SPLIT_DIMS) \
-    GEMM_TILE_EXPERTS_KERNEL(name, T)
+    GEMM_TILE_EXPERTS_KERNEL(name, T)                              \
+    GEMM_TILE_HEADS_KERNEL(name, T)
 GEMM_TILE_KERNELS(q4_K, TileQ4K)
 GEMM_TILE_KERNELS(q6_K, TileQ6K)
 GEMM_TILE_KERNELS(q8_0, TileQ80)
+GEMM_TILE_KERNELS(q5_0, TileQ50)
 #undef GEMM_TILE_KERNELS
+#undef GEMM_TILE_HEADS_KERNEL
 #undef GEMM_TILE_EXPERTS_KERNEL
 #undef GEMM_TILE_KERNEL

@@ -104,13 +104,13 @@ class ExpertOps:
 
     def _grouped_moe_ffn(self, x, routes: Routes, *, gate, up, down):
         """A prompt's experts, each over the (token, slot) pairs routed to it (kernels/moe.cu's moe_group): a
-        matrix of a type of kernels/gemm_tile.cu's, of whole superblocks, on tensor cores in tiles of 64 pairs
+        matrix kernels/gemm_tile.cu takes (ops.tile_fits) on tensor cores in tiles of 64 pairs
         (gemm_tile_experts_*, its input as f16), any other with its weights read once per 8 of an expert's pairs
         (matvec.cu's grouped_matvec). The pairs' rows live in (T, k * width) buffers: place p is row p // k, slot p % k."""
         experts, weights = routes
         t, k, n_expert, dev, c = experts.rows, experts.cols, gate.shape[2], self.device, _cuda_ops()
         offsets, order, place_of = self._new(1, n_expert + 1), self._new(t, k), self._new(t, k)  # int32 bits
-        tile_gate, tile_up, tile_down = (w.ggml_type in c.GEMM_TILE_TYPES and w.n_cols % 256 == 0 for w in (gate, up, down))
+        tile_gate, tile_up, tile_down = (c.tile_fits(w.ggml_type, w.n_cols) for w in (gate, up, down))
         n_tiles = -(-t * k // c.GEMM_TILE_TOKENS) + n_expert  # the most there may be: each expert's last partial
         tiles = self._new(1, 2 * n_tiles) if tile_gate or tile_up or tile_down else None  # (expert, first place) int32 pairs
         dev.launch("moe_group", (1,), 1024, (experts.ptr, t * k, n_expert, offsets.ptr, order.ptr, place_of.ptr,
@@ -153,10 +153,20 @@ class ExpertOps:
         return out
 
     def head_matmul(self, x, weight):
-        n_heads = weight.shape[2]
+        """A decode pass's heads by the stacked matvec; a prompt's, where kernels/gemm_tile.cu takes the type, on
+        tensor cores in tiles of 64 tokens, each head's matrix read once a tile (the matvec read it once a token:
+        DeepSeek-V2-Lite's 512-token prompt spent 89 of its 212 ms there)."""
+        n_heads, c = weight.shape[2], _cuda_ops()
         if x.cols != n_heads * weight.n_cols:
             raise ReflexError(f"internal error: head_matmul of width {x.cols} with {n_heads} heads of {weight.n_cols} columns")
-        return self._stacked_matvec(x, weight, n_heads)
+        if x.rows <= GROUPED_MIN_TOKENS or not c.tile_fits(weight.ggml_type, weight.n_cols):
+            return self._stacked_matvec(x, weight, n_heads)
+        out, kernel = self._new(x.rows, n_heads * weight.n_rows), _kernel("gemm_tile_heads", weight)
+        self.device.allow_shared(kernel, c.GEMM_TILE_SHARED)
+        self.device.launch(kernel, (-(-x.rows // c.GEMM_TILE_TOKENS), -(-weight.n_rows // c.GEMM_TILE_ROWS), n_heads),
+                           32 * c.GEMM_TILE_WARPS, (self._ready(weight), matrix_bytes(weight), self._f16_interleaved(x).ptr,
+                                                    out.ptr, weight.n_rows, weight.n_cols, x.rows), c.GEMM_TILE_SHARED)
+        return out
 
     def _stacked_matvec(self, x, weight, n_slots: int, ids=None):
         """(T, n_slots * n_rows): per token t and slot j, matrix ids[t, j] of the stacked weight times

@@ -66,10 +66,10 @@ GEMM_FRAG_TYPES = (GGMLType.Q4_K, GGMLType.Q8_0)
 GEMM_FRAG_ROWS, GEMM_FRAG_TOKENS, GEMM_FRAG_WARPS = 32, 16, 8
 # kernels/gemm_tile.cu: prompts of GEMM_TILE_MIN_TOKENS or more on tensor cores straight from these types' blocks,
 # 32 rows a warp by 64 tokens a block, x as f16 staged in GEMM_TILE_STAGES stages of 256 columns, for rows of at
-# least MMA_MIN_COLS columns; other types, and narrower rows, keep the short-prompt GEMMs and the f16 copy
-# (F16_GEMM_MIN_TOKENS). On sm_90+ a weight whose blocks number under GEMM_TILE_SPLIT_BLOCKS_AN_SM an SM takes
+# least MMA_MIN_COLS columns (tile_fits); other types, and narrower rows, keep the short-prompt GEMMs and the f16
+# copy (F16_GEMM_MIN_TOKENS). On sm_90+ a weight whose blocks number under GEMM_TILE_SPLIT_BLOCKS_AN_SM an SM takes
 # clusters of GEMM_TILE_SPLITS blocks, each a share of the columns (gemm_tile_split_*)
-GEMM_TILE_TYPES = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0)
+GEMM_TILE_TYPES = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q5_0)
 GEMM_TILE_WARPS, GEMM_TILE_TOKENS, GEMM_TILE_STAGES, GEMM_TILE_SPLITS = 4, 64, 2, 4
 GEMM_TILE_ROWS, GEMM_TILE_SHARED = 32 * GEMM_TILE_WARPS, GEMM_TILE_STAGES * GEMM_TILE_TOKENS * 256 * 2
 GEMM_TILE_SPLIT_BLOCKS_AN_SM = 1
@@ -138,6 +138,13 @@ _SUFFIXES = {t: t.name.lower().replace("_k", "_K") for t in GGMLType}
 
 def kernel_suffix(t: GGMLType) -> str:
     return _SUFFIXES[t]
+
+
+def tile_fits(t: GGMLType, n_cols: int) -> bool:
+    """Whether kernels/gemm_tile.cu multiplies rows of this type and width: whole superblocks, or for the types of
+    32-element blocks a half superblock last (llama.cpp's rows that are not whole superblocks: DeepSeek-V2-Lite's
+    1,408-column experts' downs, its 128-column attn_k_b)."""
+    return t in GEMM_TILE_TYPES and n_cols % (128 if GGML_BLOCK[t][0] == 32 else 256) == 0
 
 
 class Weight(NamedTuple):
@@ -670,7 +677,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             x16 = weight.ggml_type in X16_MATVEC_TYPES and n_cols <= self._x16_width and x.rows <= MATVEC_PASSES_MAX_TOKENS
             return "x16" if x16 else "float"
         if GEMM_TILE_MIN_TOKENS <= x.rows <= GEMM_TILE_MAX_TOKENS.get(weight.ggml_type, MAX_BATCH) \
-                and weight.ggml_type in GEMM_TILE_TYPES and n_cols % 256 == 0 and n_cols >= MMA_MIN_COLS \
+                and tile_fits(weight.ggml_type, n_cols) and n_cols >= MMA_MIN_COLS \
                 and 2 * x.rows * n_cols <= self._xh_bytes:
             blocks = -(-n_rows // GEMM_TILE_ROWS) * -(-x.rows // GEMM_TILE_TOKENS)  # the weight's own: split alike in any launch
             return "tile_split" if self._sm90 and blocks < GEMM_TILE_SPLIT_BLOCKS_AN_SM * self.device.info.multiprocessors else "tile"

@@ -12,6 +12,7 @@ FAMILIES = {
     "gemm_tile": "PPPPPPPPiiiii",  # gemm_tile.cu
     "gemm_tile_split": "PPPPPPPPiiiii",
     "gemm_tile_experts": "PqPPPPii",
+    "gemm_tile_heads": "PqPPiii",
     "dequant_f16": "PPiii",  # gemm_f16.cu
     "get_rows": "PPPii",  # get_rows.cu
     "matvec": "PPPiii",  # matvec.cu
