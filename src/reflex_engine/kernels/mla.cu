@@ -5,6 +5,7 @@
 // cached row, so a row is read once for its score and its value.
 #include <float.h>
 #include "common.cuh"
+#include "mma.cuh"
 
 #define MLA_WARPS 8  // a decode step has only n_heads blocks: more warps split the slots further
 #define MLA_MAX_PER_LANE 18  // latent rows up to 576 = 18 * 32 features (DeepSeek's 512 + 64)
@@ -170,5 +171,162 @@ latent_attention_combine(const float* partials, float* out, int splits, int v_wi
         float o = 0.0f;
         for (int z = 0; z < splits; ++z) o += wt[z] * part[z * (v_width + 2) + 2 + c];
         out[pair * v_width + c] = o * inv_total;
+    }
+}
+
+// A prompt's latent attention on tensor cores, attention_prefill.cu's flash attention 2 over MLA's one latent row a
+// slot: every head reads the same rows, so a block's 128 query rows are (token, head) pairs, row r = token · n_heads
+// + head of q (n_tok · n_heads, k_width) and out (…, v_width), and each staged tile of slots serves all of them.
+// The block's Q (scaled by scale · log2(e), f16) stays in shared memory for the whole sweep, beside two stages of
+// MLA_PREFILL_SLOTS cache rows (cp.async); warp w owns rows 16w.. 16w + 15 of the block's and, of the values
+// (a row's first v_width features, the rows already staged), dims dv0.. dv0 + MLA_PREFILL_DV - 1 (grid y): its
+// O accumulators in registers, S = Q K^T recomputed by each of the grid's v_width / MLA_PREFILL_DV blocks of the
+// same rows. Masks as latent_attention's (slot <= start + token, segment 0 or the token's); the softmax in base 2
+// as attention_prefill's, a row that has seen only hidden slots taking its exponents against 0.
+// LAUNCH: block = MLA_PREFILL_WARPS · 32, grid = (ceil(n_tok · n_heads / MLA_PREFILL_ROWS), v_width /
+// MLA_PREFILL_DV); dynamic shared memory (MLA_PREFILL_ROWS + 2 · MLA_PREFILL_SLOTS) · (k_width + 8) · 2 +
+// 2 · MLA_PREFILL_SLOTS · 4 bytes (ops.py); k_width % 32 == 0, v_width % MLA_PREFILL_DV == 0, v_width <= k_width.
+#define MLA_PREFILL_WARPS 8
+#define MLA_PREFILL_ROWS (16 * MLA_PREFILL_WARPS)
+#define MLA_PREFILL_SLOTS 32
+#define MLA_PREFILL_DV 256
+extern "C" __global__ void __launch_bounds__(MLA_PREFILL_WARPS * WARP)
+latent_attention_prefill(const float* q, const __half* cache, const int* slot_seg, const int* seg, float* out,
+                         const int* start_at, int n_tok, int n_heads, int k_width, int v_width, float scale) {
+    follow_previous_kernel();
+    constexpr int KT = MLA_PREFILL_SLOTS, DV = MLA_PREFILL_DV, THREADS = MLA_PREFILL_WARPS * WARP;
+    const int ld = k_width + 8;  // halves a staged row: an odd number of 16-byte pieces, so ldmatrix's 8 rows miss each other's banks
+    extern __shared__ uint4 mla_smem[];
+    __half* qs = reinterpret_cast<__half*>(mla_smem);  // [MLA_PREFILL_ROWS][ld]
+    __half* ks = qs + MLA_PREFILL_ROWS * ld;             // [2][KT][ld]
+    int* segs = reinterpret_cast<int*>(ks + 2 * KT * ld);  // [2][KT]
+
+    const int start = *start_at, n_rows = n_tok * n_heads, dv0 = blockIdx.y * DV;
+    // the last rows first: theirs are the longest sweeps, so the grid's tail is short ones
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * MLA_PREFILL_ROWS, n_r = min(MLA_PREFILL_ROWS, n_rows - r0);
+    const int last_slot = start + (r0 + n_r - 1) / n_heads;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane / 4, c = lane % 4;
+    const int chunks = k_width / 8;  // 16-byte pieces a row
+
+    // Q once, f16 and scaled (rows past n_r: zeros)
+    const float q_scale = scale * 1.44269504f;
+    for (int i = threadIdx.x; i < MLA_PREFILL_ROWS * chunks; i += THREADS) {
+        const int row = i / chunks, col = 8 * (i % chunks);
+        float v[8] = {};
+        if (row < n_r) {
+            const float4* src = reinterpret_cast<const float4*>(q + (size_t)(r0 + row) * k_width + col);
+            const float4 a = src[0], b = src[1];
+            const float w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = w[e] * q_scale;
+        }
+        *reinterpret_cast<uint4*>(qs + row * ld + col) = pack_half8(v);
+    }
+    // slots past last_slot are zeros, never read (masked below)
+    auto load = [&](int stage, int j0) {
+        for (int i = threadIdx.x; i < KT * chunks; i += THREADS) {
+            const int r = i / chunks, col = 8 * (i % chunks);
+            cp_async16(ks + (stage * KT + r) * ld + col, cache + (size_t)min(j0 + r, last_slot) * k_width + col, j0 + r <= last_slot);
+        }
+        if (threadIdx.x < KT)
+            cp_async4(segs + stage * KT + threadIdx.x, slot_seg + min(j0 + (int)threadIdx.x, last_slot), j0 + (int)threadIdx.x <= last_slot);
+        cp_async_commit();
+    };
+
+    // This lane's rows (block-relative) g and g + 8 of the warp's 16, each visible to slots up to limit[u]
+    int r[2], limit[2], own_seg[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        r[u] = 16 * warp + g + 8 * u;
+        const int tok = (r0 + min(r[u], n_r - 1)) / n_heads;
+        limit[u] = min(start + tok, last_slot);
+        own_seg[u] = r[u] < n_r ? seg[tok] : 0;
+    }
+    const int warp_last = 16 * warp < n_r ? min(start + (r0 + min(16 * warp + 15, n_r - 1)) / n_heads, last_slot) : -1;
+
+    float o[DV / 8][4] = {}, run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};
+    const int n_tiles = last_slot / KT + 1;
+    load(0, 0);
+    for (int t = 0; t < n_tiles; ++t) {
+        const int cur = t % 2, j0 = t * KT;
+        cp_async_wait<0>();
+        __syncthreads();  // tile t (and, the first time, Q) is in; every warp is done with tile t - 1's stage
+        if (t + 1 < n_tiles) load(cur ^ 1, j0 + KT);
+        if (j0 > warp_last) continue;
+        const __half* kt = ks + cur * KT * ld;
+
+        // S = Q K^T, 32 dims at a time: Q's A fragments by ldmatrix (matrix m: rows 8(m % 2).., dims 8(m / 2)..),
+        // K's B fragments as attention_prefill takes them
+        float s[KT / 8][4] = {};
+        for (int kk = 0; kk < k_width / 16; kk += 2) {
+            uint32_t a0[4], a1[4];
+            const __half* qrow = qs + (16 * warp + lane % 16) * ld + 16 * kk + 8 * (lane / 16);
+            ldmatrix_x4(a0, qrow);
+            ldmatrix_x4(a1, qrow + 16);
+#pragma unroll
+            for (int nt = 0; nt < KT / 8; ++nt) {
+                uint32_t b[4];
+                ldmatrix_x4(b, kt + (8 * nt + lane % 8) * ld + 16 * kk + 8 * (lane / 8));
+                mma_16816(s[nt], a0, {b[0], b[1]});
+                mma_16816(s[nt], a1, {b[2], b[3]});
+            }
+        }
+        // hidden slots to -inf: s[nt][e] is row r[e / 2], slot j0 + 8nt + 2c + e % 2
+#pragma unroll
+        for (int nt = 0; nt < KT / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int j = 8 * nt + 2 * c + e % 2, slot_s = segs[cur * KT + j];
+                if (j0 + j > limit[e / 2] || (slot_s != 0 && slot_s != own_seg[e / 2])) s[nt][e] = -INFINITY;
+            }
+        float base[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            float m = run_max[u];
+#pragma unroll
+            for (int nt = 0; nt < KT / 8; ++nt) m = fmaxf(m, fmaxf(s[nt][2 * u], s[nt][2 * u + 1]));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the row's 4 lanes
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            base[u] = m == -INFINITY ? 0.0f : m;
+            const float rescale = fast_exp2(run_max[u] - base[u]);
+            run_max[u] = m;
+            run_sum[u] *= rescale;
+#pragma unroll
+            for (int dt = 0; dt < DV / 8; ++dt) o[dt][2 * u] *= rescale, o[dt][2 * u + 1] *= rescale;
+        }
+#pragma unroll
+        for (int nt = 0; nt < KT / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[nt][e] = fast_exp2(s[nt][e] - base[e / 2]);
+                run_sum[e / 2] += s[nt][e];
+            }
+        // O += P V, 16 slots at a time, V the staged rows' dims dv0.. read transposed
+#pragma unroll
+        for (int kp = 0; kp < KT / 16; ++kp) {
+            const uint32_t p[4] = {pack_half2(s[2 * kp][0], s[2 * kp][1]), pack_half2(s[2 * kp][2], s[2 * kp][3]),
+                                   pack_half2(s[2 * kp + 1][0], s[2 * kp + 1][1]),
+                                   pack_half2(s[2 * kp + 1][2], s[2 * kp + 1][3])};
+#pragma unroll
+            for (int dt = 0; dt < DV / 8; dt += 2) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, kt + (16 * kp + lane % 16) * ld + dv0 + 8 * dt + 8 * (lane / 16));
+                mma_16816(o[dt], p, {b[0], b[1]});
+                mma_16816(o[dt + 1], p, {b[2], b[3]});
+            }
+        }
+    }
+
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        float sum = run_sum[u];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (r[u] >= n_r) continue;
+        const float inv = 1.0f / sum;  // > 0: a query always sees its own slot
+        float* row = out + (size_t)(r0 + r[u]) * v_width + dv0 + 2 * c;
+#pragma unroll
+        for (int dt = 0; dt < DV / 8; ++dt)
+            *reinterpret_cast<float2*>(row + 8 * dt) = make_float2(o[dt][2 * u] * inv, o[dt][2 * u + 1] * inv);
     }
 }

@@ -61,6 +61,7 @@ KERNELS = {
     "rope_yarn_f32": "PPPPiiidddddd",
     "latent_attention": "PPPPPPiiifP",
     "latent_attention_combine": "PPii",
+    "latent_attention_prefill": "PPPPPPiiiif",
     # moe.cu
     "moe_route": "PPPPiiiifii",
     "moe_group": "PiiPPPPii",
