@@ -11,15 +11,22 @@
 #define MLA_MAX_PER_LANE 18  // latent rows up to 576 = 18 * 32 features (DeepSeek's 512 + 64)
 #define MLA_STEP 2           // slots a warp has in flight at once
 
-// Per row r of (n_rows, *) rows: dst[r * dst_width + dst_offset + c] = src[r * src_width + src_offset + c]
-// for c < width. Ops.split and Ops.concat with r = token * n_heads + head.
+// Two copies of columns a row r of (n_rows, *) rows, each dst[r * dst_width + dst_offset + c] =
+// src[r * src_width + src_offset + c] for c < width (a second of width 0: none). Ops.split and Ops.concat with
+// r = token * n_heads + head, their parts two a launch: MLA's splits and concats are of two parts.
 // LAUNCH: block = 128, grid.x = n_rows.
-extern "C" __global__ void copy_heads_f32(const float* src, float* dst, int src_width, int src_offset, int dst_width,
+__device__ __forceinline__ void copy_head(const float* src, float* dst, int src_width, int src_offset, int dst_width,
                                           int dst_offset, int width) {
-    follow_previous_kernel();
     const float* s = src + (size_t)blockIdx.x * src_width + src_offset;
     float* d = dst + (size_t)blockIdx.x * dst_width + dst_offset;
     for (int c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
+}
+extern "C" __global__ void copy_heads_f32(const float* src0, float* dst0, int src_width0, int src_offset0, int dst_width0,
+                                          int dst_offset0, int width0, const float* src1, float* dst1, int src_width1,
+                                          int src_offset1, int dst_width1, int dst_offset1, int width1) {
+    follow_previous_kernel();
+    copy_head(src0, dst0, src_width0, src_offset0, dst_width0, dst_offset0, width0);
+    copy_head(src1, dst1, src_width1, src_offset1, dst_width1, dst_offset1, width1);
 }
 
 // elementwise.cu's rope_f32 with YaRN, as the numpy backend computes it in double: pair i's angle

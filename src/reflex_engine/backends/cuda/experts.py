@@ -7,6 +7,7 @@ A stacked weight (3-D: ggml {n_cols, n_rows, n}) is n matrices, each one's block
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Sequence
 
@@ -183,26 +184,26 @@ class ExpertOps:
         return out
 
     def split(self, x, n_heads: int, widths: Sequence[int]):
-        total, offset, parts = sum(widths), 0, []
-        for w in widths:
-            part = self._new(x.rows, n_heads * w)
-            self._copy_heads(x, total, offset, part, w, 0, w, x.rows * n_heads)
-            parts.append(part)
-            offset += w
-        return tuple(parts)
+        total, offsets = sum(widths), itertools.accumulate(widths, initial=0)
+        parts = tuple(self._new(x.rows, n_heads * w) for w in widths)
+        self._copy_heads([(x.ptr, part.ptr, total, offset, w, 0, w) for part, w, offset in zip(parts, widths, offsets)],
+                         x.rows * n_heads)
+        return parts
 
     def concat(self, parts, n_heads: int):
         widths = [p.cols // n_heads for p in parts]
-        total, offset = sum(widths), 0
+        total, offsets = sum(widths), itertools.accumulate(widths, initial=0)
         out = self._new(parts[0].rows, n_heads * total)
-        for p, w in zip(parts, widths):
-            self._copy_heads(p, w, 0, out, total, offset, w, p.rows * n_heads)
-            offset += w
+        self._copy_heads([(p.ptr, out.ptr, w, 0, total, offset, w) for p, w, offset in zip(parts, widths, offsets)],
+                         parts[0].rows * n_heads)
         return out
 
-    def _copy_heads(self, src, src_width, src_offset, dst, dst_width, dst_offset, width, n_rows) -> None:
-        self.device.launch("copy_heads_f32", (n_rows,), 128,
-                           (src.ptr, dst.ptr, src_width, src_offset, dst_width, dst_offset, width))
+    def _copy_heads(self, copies, n_rows: int) -> None:
+        """copies: (src, dst, src_width, src_offset, dst_width, dst_offset, width) each, two a launch."""
+        for i in range(0, len(copies), 2):
+            pair = copies[i:i + 2]
+            second = pair[1] if len(pair) == 2 else (0, 0, 0, 0, 0, 0, 0)
+            self.device.launch("copy_heads_f32", (n_rows,), 128, (*pair[0], *second))
 
     def latent_attention(self, q, kv, *, cache, layer: int, batch: Batch, n_heads: int, v_width: int, scale: float):
         dev, t, width = self.device, q.rows, kv.cols

@@ -57,7 +57,7 @@ KERNELS = {
     # matvec_x16.cu
     "quantize_x16": "PPPi",
     # mla.cu
-    "copy_heads_f32": "PPiiiii",
+    "copy_heads_f32": "PPiiiiiPPiiiii",
     "rope_yarn_f32": "PPPPiiidddddd",
     "latent_attention": "PPPPPPiiifP",
     "latent_attention_combine": "PPii",
