@@ -138,15 +138,18 @@ extern "C" __global__ void delta_rule_step(const float* q, const float* k, const
 // chunk's start, A[t, j] = beta_t exp(c_t - c_j) k_t.k_j (j < t) and T = (I + A)^-1 (forward substitution),
 //   W = T (beta exp(c) K),  U = T (beta V),  QK[t, j] = exp(c_t - c_j) q_t.k_j (j <= t, else 0),
 // so that the chunk's corrections are D = U - W S0 (delta_rule_chunk_scan). Scratch per value head h and token:
-// w (H, T, dk), u (H, T, dv), qk (H, T, CHUNK_MAX), cum (H, T).
-// LAUNCH: block 256, grid = (ceil(T / chunk), H); chunk <= CHUNK_MAX.
+// w (H, T, dk), u (H, T, dv), qk (H, T, CHUNK_MAX), cum (H, T). The chunk's keys are staged in shared memory
+// (rows of dk + 1 floats: a warp's 32 consecutive j at one i fall in 32 banks), where the dot products read them: from
+// global memory each of those reads touched 32 lines, and the kernel took 297 us a launch on a 512-token Qwen3.5 prompt.
+// LAUNCH: block 256, grid = (ceil(T / chunk), H); chunk <= CHUNK_MAX; dynamic shared memory chunk · (dk + 1) floats.
 extern "C" __global__ void delta_rule_chunk_prep(const float* q, const float* k, const float* v, const float* g,
                                                  const float* beta, float* w, float* u, float* qk, float* cum, int n_tok,
                                                  int n_heads, int k_heads, int dk, int dv, int tiled, float scale, int chunk) {
     follow_previous_kernel();
     __shared__ float m[CHUNK_MAX][CHUNK_MAX + 1];
-    __shared__ float c[CHUNK_MAX], bt[CHUNK_MAX];
-    const int a = blockIdx.x * chunk, h = blockIdx.y, n = min(chunk, n_tok - a), tid = threadIdx.x;
+    __shared__ float c[CHUNK_MAX], bt[CHUNK_MAX], f[CHUNK_MAX];
+    extern __shared__ float ks[];  // (n, dk + 1): the chunk's keys
+    const int a = blockIdx.x * chunk, h = blockIdx.y, n = min(chunk, n_tok - a), tid = threadIdx.x, ld = dk + 1;
     const int kh = key_head(h, n_heads, k_heads, tiled);
     const int64_t k_stride = (int64_t)k_heads * dk, v_stride = (int64_t)n_heads * dv;
     const float* kc = k + a * k_stride + (int64_t)kh * dk;
@@ -157,15 +160,17 @@ extern "C" __global__ void delta_rule_chunk_prep(const float* q, const float* k,
         for (int t = 0; t < n; t++) run = __fadd_rn(run, g[(int64_t)(a + t) * n_heads + h]), c[t] = run;
     }
     for (int t = tid; t < n; t += blockDim.x) bt[t] = beta[(int64_t)(a + t) * n_heads + h];
+    for (int e = tid; e < n * dk; e += blockDim.x) ks[e / dk * ld + e % dk] = kc[e / dk * k_stride + e % dk];
     __syncthreads();
+    for (int t = tid; t < n; t += blockDim.x) f[t] = __fmul_rn(bt[t], expf(c[t]));  // W's beta exp(c), once a row
     float* qk_rows = qk + ((int64_t)h * n_tok + a) * CHUNK_MAX;
     for (int e = tid; e < n * n; e += blockDim.x) {
         const int t = e / n, j = e % n;
         float kk = 0.0f, qq = 0.0f;
         if (j <= t) {
             for (int i = 0; i < dk; i++) {
-                const float kj = kc[j * k_stride + i];
-                kk = fmaf(kc[t * k_stride + i], kj, kk);
+                const float kj = ks[j * ld + i];
+                kk = fmaf(ks[t * ld + i], kj, kk);
                 qq = fmaf(__fmul_rn(qc[t * k_stride + i], scale), kj, qq);
             }
         }
@@ -188,8 +193,8 @@ extern "C" __global__ void delta_rule_chunk_prep(const float* q, const float* k,
     float* wc = w + ((int64_t)h * n_tok + a) * dk;
     for (int e = tid; e < n * dk; e += blockDim.x) {
         const int t = e / dk, i = e % dk;
-        float acc = __fmul_rn(__fmul_rn(bt[t], expf(c[t])), kc[t * k_stride + i]);  // T[t, t] = 1
-        for (int j = 0; j < t; j++) acc = fmaf(m[t][j], __fmul_rn(__fmul_rn(bt[j], expf(c[j])), kc[j * k_stride + i]), acc);
+        float acc = __fmul_rn(f[t], ks[t * ld + i]);  // T[t, t] = 1
+        for (int j = 0; j < t; j++) acc = fmaf(m[t][j], __fmul_rn(f[j], ks[j * ld + i]), acc);
         wc[e] = acc;
     }
     float* uc = u + ((int64_t)h * n_tok + a) * dv;

@@ -90,8 +90,10 @@ class DeltaNetOps:
             return out
         w = self._chunk_scratch
         u, qk, cum = w + 4 * h * t * dk, w + 4 * h * t * (dk + dv), w + 4 * h * t * (dk + dv + CHUNK)
+        keys = 4 * CHUNK * (dk + 1)  # the chunk's keys in shared memory
+        dev.allow_shared("delta_rule_chunk_prep", keys)
         dev.launch("delta_rule_chunk_prep", (-(-t // CHUNK), h), 256,
-                   (q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, w, u, qk, cum, t) + heads + (CHUNK,))
+                   (q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, w, u, qk, cum, t) + heads + (CHUNK,), keys)
         dev.launch("delta_rule_chunk_scan", (h, -(-dv // SCAN_COLUMNS)), 256,
                    (q.ptr, k.ptr, w, u, qk, cum, state, out.ptr, t) + heads + (CHUNK, fresh))
         return out
