@@ -1,7 +1,6 @@
 // Prefill attention on tensor cores, flash-attention 2 style: attention.cu's `attention` for
 // prompts of 64 tokens and more (13-19x the scalar tiled kernel it replaced, H200, 2026-12-01).
-#include "common.cuh"
-#include "mma.cuh"
+#include "flash.cuh"
 
 #define PREFILL_WARPS 4
 #define PREFILL_QT (16 * PREFILL_WARPS)  // queries a block: 16 a warp, the rows of one mma
@@ -21,11 +20,7 @@ struct PrefillSmem {
 // each tile copied (cp.async) into one stage of shared memory while the warps work on the other.
 // Warp w owns queries q0 + 16w .. q0 + 16w + 15 and keeps everything about them in registers:
 // its Q fragments (scaled by scale * log2(e), in f16), its scores S = Q K^T for the tile (mma
-// accumulators: lane l holds rows l/4 and l/4 + 8, columns 2(l%4), 2(l%4) + 1 of every 8-slot
-// piece), an online softmax in base 2 over S's rows, and O += P V, with P the probabilities
-// re-packed to f16 in place: two adjacent 8-slot pieces of the C layout are one 16-slot piece
-// of the A layout. A row's running max and sum are shared by the 4 lanes holding it; the sum's
-// parts are added up once, at the end.
+// accumulators, flash.cuh's layout), the online softmax over S's rows, and O += P V.
 template <int D>
 __device__ __forceinline__ void attend_prefill(const float* q, const __half* k_cache, const __half* v_cache,
                                                const int* slot_seg, const int* seg, float* out, int start,
@@ -107,69 +102,16 @@ __device__ __forceinline__ void attend_prefill(const float* q, const __half* k_c
                 mma_16816(s[nt], qa[kk + 1], {b[2], b[3]});
             }
 
-        // Hidden slots to -inf. s[nt][e] is row r[e / 2], slot j0 + 8nt + 2c + e % 2.
-#pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int j = 8 * nt + 2 * c + e % 2, slot_s = sm.seg[cur][j];
-                if (j0 + j > limit[e / 2] || (slot_s != 0 && slot_s != own_seg[e / 2])) s[nt][e] = -INFINITY;
-            }
-
-        // The online softmax. A row that has seen only hidden slots keeps max -inf: its
-        // exponents are taken against 0 instead, so every weight is 2^-inf = 0, never NaN.
-        float base[2];
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            float m = run_max[u];
-#pragma unroll
-            for (int nt = 0; nt < KT / 8; ++nt) m = fmaxf(m, fmaxf(s[nt][2 * u], s[nt][2 * u + 1]));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the row's 4 lanes
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            base[u] = m == -INFINITY ? 0.0f : m;
-            const float rescale = fast_exp2(run_max[u] - base[u]);
-            run_max[u] = m;
-            run_sum[u] *= rescale;
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt) o[dt][2 * u] *= rescale, o[dt][2 * u + 1] *= rescale;
-        }
-#pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[nt][e] = fast_exp2(s[nt][e] - base[e / 2]);
-                run_sum[e / 2] += s[nt][e];
-            }
-
-        // O += P V, 16 slots at a time. V rows are dims in a row, the k x n = slot x dim operand
-        // transposed: matrix m of the x4 is slots 16kp + 8(m % 2).. by dims 8dt + 8(m / 2)..,
-        // i.e. b of d pieces dt, dt + 1.
-#pragma unroll
-        for (int kp = 0; kp < KT / 16; ++kp) {
-            const uint32_t p[4] = {pack_half2(s[2 * kp][0], s[2 * kp][1]), pack_half2(s[2 * kp][2], s[2 * kp][3]),
-                                   pack_half2(s[2 * kp + 1][0], s[2 * kp + 1][1]),
-                                   pack_half2(s[2 * kp + 1][2], s[2 * kp + 1][3])};
-#pragma unroll
-            for (int dt = 0; dt < D / 8; dt += 2) {
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, &sm.v[cur][16 * kp + lane % 16][8 * dt + 8 * (lane / 16)]);
-                mma_16816(o[dt], p, {b[0], b[1]});
-                mma_16816(o[dt + 1], p, {b[2], b[3]});
-            }
-        }
+        mask_hidden(s, j0, sm.seg[cur], limit, own_seg, c);
+        online_softmax(s, run_max, run_sum, o);
+        add_pv(s, &sm.v[cur][0][0], PrefillSmem<D>::LD, o, lane);
     }
 
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-        float sum = run_sum[u];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (r[u] >= n_q) continue;
-        const float inv = 1.0f / sum;  // > 0: a query always sees its own slot
-        float* row = out + ((size_t)(q0 + r[u]) * n_heads + head) * D + 2 * c;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt)
-            *reinterpret_cast<float2*>(row + 8 * dt) = make_float2(o[dt][2 * u] * inv, o[dt][2 * u + 1] * inv);
+        const float sum = row_sum(run_sum[u]);
+        // > 0: a query always sees its own slot
+        if (r[u] < n_q) store_row(o, u, out + ((size_t)(q0 + r[u]) * n_heads + head) * D, 1.0f / sum, c);
     }
 }
 

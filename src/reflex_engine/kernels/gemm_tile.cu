@@ -142,25 +142,32 @@ struct TileQ6K {
     }
 };
 
-// Q8_0: half G of superblock s is blocks 8s + 4G .. + 3; lane c's run 0 is elements 16c.. of the half (block
-// 4G + c / 2, quants 16(c % 2)..), run 1 elements 64 + 16c.. (block 4G + 2 + c / 2). Blocks of 34 bytes: shifted
-// words, reaching at most the next block's d (or the carve's padding past the last block).
-struct TileQ80 {
-    using Block = block_q8_0;
-    uint32_t qs[4][2][4];
-    float d[4][2];
-
+// The types of 32-element blocks: half G of superblock s is blocks 8s + 4G .. + 3; lane c's run 0 is elements 16c..
+// of the half (block 4G + c / 2, its elements 16(c % 2)..), run 1 elements 64 + 16c.. (block 4G + 2 + c / 2). Each
+// type keeps what it needs of a run's block (T::take).
+template <class T, class B>
+struct Runs32 {
+    using Block = B;
     __device__ __forceinline__ void load(const uint8_t* const (&rows)[4], int s, int G, int c) {
 #pragma unroll
         for (int r = 0; r < 4; ++r)
 #pragma unroll
-            for (int run = 0; run < 2; ++run) {
-                const uint8_t* b = rows[r] + sizeof(Block) * ((size_t)8 * s + 4 * G + 2 * run + c / 2);
-                load_words_shifted(b + 2 + 16 * (c % 2), qs[r][run]);
-                d[r][run] = f16_to_float(load_u16(b));
-            }
+            for (int run = 0; run < 2; ++run)
+                static_cast<T*>(this)->take(rows[r] + sizeof(B) * ((size_t)8 * s + 4 * G + 2 * run + c / 2), r, run, c);
     }
     __device__ static int run_at(int run, int c) { return 64 * run + 16 * c; }
+};
+
+// Q8_0: a run is its block's quants 16(c % 2).. Blocks of 34 bytes: shifted words, reaching at most the next block's
+// d (or the carve's padding past the last block).
+struct TileQ80 : Runs32<TileQ80, block_q8_0> {
+    uint32_t qs[4][2][4];
+    float d[4][2];
+
+    __device__ __forceinline__ void take(const uint8_t* b, int r, int run, int c) {
+        load_words_shifted(b + 2 + 16 * (c % 2), qs[r][run]);
+        d[r][run] = f16_to_float(load_u16(b));
+    }
 
     __device__ __forceinline__ void fragments(int, int run, int, uint32_t (&a)[4][2][4], uint32_t) const {
         const __half2 bias = __float2half2_rn(1152.0f), add = __float2half2_rn(0.0f);  // int8 q + 128 over 1024
@@ -178,27 +185,18 @@ struct TileQ80 {
     }
 };
 
-// Q5_0: Q8_0's runs and blocks (half G of superblock s is blocks 8s + 4G .. + 3; run 0 block 4G + c / 2, run 1
-// block 4G + 2 + c / 2), a run the low (c even) or high (c odd) nibbles of the block's 16 qs bytes, bit 4 of its
-// elements qh's bits 16(c % 2).. Blocks of 22 bytes: shifted words, reaching at most the next block's d.
-struct TileQ50 {
-    using Block = block_q5_0;
+// Q5_0: a run the low (c even) or high (c odd) nibbles of its block's 16 qs bytes, bit 4 of its elements qh's bits
+// 16(c % 2).. Blocks of 22 bytes: shifted words, reaching at most the next block's d.
+struct TileQ50 : Runs32<TileQ50, block_q5_0> {
     uint32_t qs[4][2][4], qh[4][2];
     float d[4][2];
 
-    __device__ __forceinline__ void load(const uint8_t* const (&rows)[4], int s, int G, int c) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-#pragma unroll
-            for (int run = 0; run < 2; ++run) {
-                const uint8_t* b = rows[r] + sizeof(Block) * ((size_t)8 * s + 4 * G + 2 * run + c / 2);
-                uint32_t h[1];
-                load_words_shifted(b + 6, qs[r][run]);
-                load_words_shifted(b + 2, h);
-                qh[r][run] = h[0], d[r][run] = f16_to_float(load_u16(b));
-            }
+    __device__ __forceinline__ void take(const uint8_t* b, int r, int run, int) {
+        uint32_t h[1];
+        load_words_shifted(b + 6, qs[r][run]);
+        load_words_shifted(b + 2, h);
+        qh[r][run] = h[0], d[r][run] = f16_to_float(load_u16(b));
     }
-    __device__ static int run_at(int run, int c) { return 64 * run + 16 * c; }
 
     __device__ __forceinline__ void fragments(int, int run, int c, uint32_t (&a)[4][2][4], uint32_t magic) const {
         const __half2 bias = __float2half2_rn(1040.0f), add = __float2half2_rn(0.0f);  // 1024 + 16: q5 - 16

@@ -5,7 +5,7 @@
 // cached row, so a row is read once for its score and its value.
 #include <float.h>
 #include "common.cuh"
-#include "mma.cuh"
+#include "flash.cuh"
 
 #define MLA_WARPS 8  // a decode step has only n_heads blocks: more warps split the slots further
 #define MLA_MAX_PER_LANE 18  // latent rows up to 576 = 18 * 32 features (DeepSeek's 512 + 64)
@@ -188,8 +188,8 @@ latent_attention_combine(const float* partials, float* out, int splits, int v_wi
 // MLA_PREFILL_SLOTS cache rows (cp.async); warp w owns rows 16w.. 16w + 15 of the block's and, of the values
 // (a row's first v_width features, the rows already staged), dims dv0.. dv0 + MLA_PREFILL_DV - 1 (grid y): its
 // O accumulators in registers, S = Q K^T recomputed by each of the grid's v_width / MLA_PREFILL_DV blocks of the
-// same rows. Masks as latent_attention's (slot <= start + token, segment 0 or the token's); the softmax in base 2
-// as attention_prefill's, a row that has seen only hidden slots taking its exponents against 0.
+// same rows. Masks as latent_attention's (slot <= start + token, segment 0 or the token's); the tile's steps
+// flash.cuh's, attention_prefill.cu's too.
 // LAUNCH: block = MLA_PREFILL_WARPS · 32, grid = (ceil(n_tok · n_heads / MLA_PREFILL_ROWS), v_width /
 // MLA_PREFILL_DV); dynamic shared memory (MLA_PREFILL_ROWS + 2 · MLA_PREFILL_SLOTS) · (k_width + 8) · 2 +
 // 2 · MLA_PREFILL_SLOTS · 4 bytes (ops.py); k_width % 32 == 0, v_width % MLA_PREFILL_DV == 0, v_width <= k_width.
@@ -278,62 +278,15 @@ latent_attention_prefill(const float* q, const __half* cache, const int* slot_se
                 mma_16816(s[nt], a1, {b[2], b[3]});
             }
         }
-        // hidden slots to -inf: s[nt][e] is row r[e / 2], slot j0 + 8nt + 2c + e % 2
-#pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int j = 8 * nt + 2 * c + e % 2, slot_s = segs[cur * KT + j];
-                if (j0 + j > limit[e / 2] || (slot_s != 0 && slot_s != own_seg[e / 2])) s[nt][e] = -INFINITY;
-            }
-        float base[2];
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            float m = run_max[u];
-#pragma unroll
-            for (int nt = 0; nt < KT / 8; ++nt) m = fmaxf(m, fmaxf(s[nt][2 * u], s[nt][2 * u + 1]));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the row's 4 lanes
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            base[u] = m == -INFINITY ? 0.0f : m;
-            const float rescale = fast_exp2(run_max[u] - base[u]);
-            run_max[u] = m;
-            run_sum[u] *= rescale;
-#pragma unroll
-            for (int dt = 0; dt < DV / 8; ++dt) o[dt][2 * u] *= rescale, o[dt][2 * u + 1] *= rescale;
-        }
-#pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[nt][e] = fast_exp2(s[nt][e] - base[e / 2]);
-                run_sum[e / 2] += s[nt][e];
-            }
-        // O += P V, 16 slots at a time, V the staged rows' dims dv0.. read transposed
-#pragma unroll
-        for (int kp = 0; kp < KT / 16; ++kp) {
-            const uint32_t p[4] = {pack_half2(s[2 * kp][0], s[2 * kp][1]), pack_half2(s[2 * kp][2], s[2 * kp][3]),
-                                   pack_half2(s[2 * kp + 1][0], s[2 * kp + 1][1]),
-                                   pack_half2(s[2 * kp + 1][2], s[2 * kp + 1][3])};
-#pragma unroll
-            for (int dt = 0; dt < DV / 8; dt += 2) {
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, kt + (16 * kp + lane % 16) * ld + dv0 + 8 * dt + 8 * (lane / 16));
-                mma_16816(o[dt], p, {b[0], b[1]});
-                mma_16816(o[dt + 1], p, {b[2], b[3]});
-            }
-        }
+        mask_hidden(s, j0, segs + cur * KT, limit, own_seg, c);
+        online_softmax(s, run_max, run_sum, o);
+        add_pv(s, kt + dv0, ld, o, lane);  // V: the staged rows' dims dv0..
     }
 
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-        float sum = run_sum[u];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (r[u] >= n_r) continue;
-        const float inv = 1.0f / sum;  // > 0: a query always sees its own slot
-        float* row = out + (size_t)(r0 + r[u]) * v_width + dv0 + 2 * c;
-#pragma unroll
-        for (int dt = 0; dt < DV / 8; ++dt)
-            *reinterpret_cast<float2*>(row + 8 * dt) = make_float2(o[dt][2 * u] * inv, o[dt][2 * u + 1] * inv);
+        const float sum = row_sum(run_sum[u]);
+        // > 0: a query always sees its own slot
+        if (r[u] < n_r) store_row(o, u, out + (size_t)(r0 + r[u]) * v_width + dv0, 1.0f / sum, c);
     }
 }
