@@ -88,9 +88,9 @@ def feed_forward(ops, lw, cfg, layer, x, residual):
         return swiglu_ffn(ops, lw, x, residual)
     if not cfg.n_shared_experts:
         return moe_ffn(ops, lw, cfg, x, bias=lw.exp_probs_b, residual=residual)
-    routed = moe_ffn(ops, lw, cfg, x, bias=lw.exp_probs_b)
-    shared = swiglu_mlp(ops, x, lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp)
-    return ops.add(residual, ops.add(routed, shared))
+    # residual + routed experts + shared experts, the sums in the experts' and the shared down's own launches
+    routed = moe_ffn(ops, lw, cfg, x, bias=lw.exp_probs_b, residual=residual)
+    return swiglu_mlp(ops, x, lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp, residual=routed)
 
 
 def forward(ops, w, cfg, cache, batch, out_rows):

@@ -129,7 +129,8 @@ def dense_ffn(ops, lw, cfg: ArchConfig, layer: int, x, residual):
 def moe_with_shared_expert(ops, lw, cfg: ArchConfig, layer: int, x, residual):
     """residual + routed experts + one always-on expert scaled by sigmoid(w_sh . x)."""
     shared = swiglu_mlp(ops, x, lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp)
-    return ops.add(residual, ops.add(moe_ffn(ops, lw, cfg, x), ops.sigmoid_gate(shared, linear(ops, x, lw.ffn_gate_inp_shexp))))
+    routed = moe_ffn(ops, lw, cfg, x, residual=residual)  # the residual summed in the experts' launch
+    return ops.add(routed, ops.sigmoid_gate(shared, linear(ops, x, lw.ffn_gate_inp_shexp)))
 
 
 def forward(ops, w, cfg: ArchConfig, cache, batch: Batch, out_rows, *, gate_inputs, feed_forward):
