@@ -62,11 +62,17 @@ def test_head_matmul_matches_the_cpu(gpu, qtype, n_tok):
     Rope(RopeMode.NEOX, 32, 500000.0, 1.0, magnitude=1.2),  # a magnitude alone
 ])
 def test_yarn_rope_matches_the_cpu(gpu, rope):
+    """One tensor, and two of the same tokens in one launch (MLA's q of 3 heads and k of 1)."""
     head_dim = rope.n_rot + 16  # the dims past n_rot pass through
-    x = rng.standard_normal((6, 3 * head_dim)).astype(np.float32)
+    x, x1 = (rng.standard_normal((6, n * head_dim)).astype(np.float32) for n in (3, 1))
     positions = [0, 1, 2, 37, 300, 4095]
     got = gpu.to_host(gpu.rope(host(gpu, x), positions, head_dim, rope))
     np.testing.assert_allclose(got, cpu.rope(x, positions, head_dim, rope), rtol=1e-6, atol=1e-6)
+    with recorded_launches(gpu) as launched:
+        both = [gpu.to_host(y) for y in gpu.ropes((host(gpu, x), host(gpu, x1)), positions, head_dim, rope)]
+    assert launched.count("rope_yarn_f32" if rope.ext_factor or rope.magnitude != 1.0 else "rope_f32") == 1
+    for got, want in zip(both, cpu.ropes((x, x1), positions, head_dim, rope)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("n_heads,width,v_width", [(2, 48, 32), (16, 576, 512), (3, 100, 60)])

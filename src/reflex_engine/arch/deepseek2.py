@@ -75,8 +75,7 @@ def mla_attention(ops, w, lw, cfg, cache, layer, batch, x, residual):
     q_nope, q_pe = ops.split(q, cfg.n_heads, (cfg.qk_nope_dim, n_rot))
     c, k_pe = ops.split(linear(ops, x, lw.attn_kv_a_mqa), 1, (cfg.kv_lora_rank, n_rot))  # (T, kv_lora), (T, rope)
     c = ops.rms_norm(c, lw.attn_kv_a_norm, cfg.rms_eps)
-    q_pe = ops.rope(q_pe, batch.positions, n_rot, cfg.rope, freq_factors=w.rope_freqs)
-    k_pe = ops.rope(k_pe, batch.positions, n_rot, cfg.rope, freq_factors=w.rope_freqs)
+    q_pe, k_pe = ops.ropes((q_pe, k_pe), batch.positions, n_rot, cfg.rope, freq_factors=w.rope_freqs)
     q_latent = ops.concat([ops.head_matmul(q_nope, lw.attn_k_b), q_pe], cfg.n_heads)  # (T, H*(kv_lora+rope))
     o_latent = ops.latent_attention(q_latent, ops.concat([c, k_pe], 1), cache=cache, layer=layer, batch=batch,
                                     n_heads=cfg.n_heads, v_width=cfg.kv_lora_rank, scale=cfg.attn_scale)  # (T, H*kv_lora)

@@ -32,13 +32,18 @@ extern "C" __global__ void copy_heads_f32(const float* src0, float* dst0, int sr
 // elementwise.cu's rope_f32 with YaRN, as the numpy backend computes it in double: pair i's angle
 // blends the interpolated pos·freq_scale·θ_i and the original pos·θ_i by mix = ramp_i·ext_factor,
 // ramp_i = 1 - clamp((i - low) / max(0.001, high - low), 0, 1) (ggml's rope_yarn_ramp, low and high its
-// corr dims); cos and sin are multiplied by magnitude.
-// LAUNCH: block = (n_rot / 2 rounded up to 32, capped at 256), grid = (n_tok, n_heads).
-extern "C" __global__ void rope_yarn_f32(const float* x, float* y, const int* pos, const float* freq_factors,
-                                         int head_dim, int n_rot, int neox, double base, double freq_scale,
-                                         double ext_factor, double low, double high, double magnitude) {
+// corr dims); cos and sin are multiplied by magnitude. Two tensors of the same tokens a launch (MLA's q and k
+// rope parts): heads0 of x0's, then x1's (its heads the rest of grid y; x1 0 for none).
+// LAUNCH: block = (n_rot / 2 rounded up to 32, capped at 256), grid = (n_tok, heads0 + x1's heads).
+extern "C" __global__ void rope_yarn_f32(const float* x0, float* y0, int heads0, const float* x1, float* y1, const int* pos,
+                                         const float* freq_factors, int head_dim, int n_rot, int neox, double base,
+                                         double freq_scale, double ext_factor, double low, double high, double magnitude) {
     follow_previous_kernel();
-    const int64_t head = ((int64_t)blockIdx.x * gridDim.y + blockIdx.y) * head_dim;
+    const bool second = blockIdx.y >= heads0;
+    const float* x = second ? x1 : x0;
+    float* y = second ? y1 : y0;
+    const int heads = second ? gridDim.y - heads0 : heads0;
+    const int64_t head = ((int64_t)blockIdx.x * heads + blockIdx.y - (second ? heads0 : 0)) * head_dim;
     const int half = n_rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         double inv_freq = pow(base, -2.0 * i / n_rot);

@@ -845,8 +845,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
 
     def ropes(self, xs: Sequence[Tensor], positions: Sequence[int], head_dim: int, rope: Rope,
               freq_factors: Weight | None = None, norms: Sequence[tuple[Weight, float] | None] | None = None) -> list[Tensor]:
-        """kernels/elementwise.cu rope_f32 takes two tensors (q and k) a launch; deepseek2's YaRN
-        (kernels/mla.cu, which has no norm) one."""
+        """kernels/elementwise.cu rope_f32 and deepseek2's YaRN (kernels/mla.cu rope_yarn_f32, whose norms
+        run before it) take two tensors (q and k) of the same tokens a launch."""
         norms = norms or (None,) * len(xs)
         if rope.n_rot > ROPE_MAX_DIMS:
             raise ReflexError(f"RoPE of {rope.n_rot} dims a head: the CUDA kernels rotate at most {ROPE_MAX_DIMS}")
@@ -857,13 +857,12 @@ class CudaOps(ExpertOps, DeltaNetOps):
         common = (self._positions[1], self._ready(freq_factors) if freq_factors else 0, head_dim, rope.n_rot,
                   rope.mode is RopeMode.NEOX, rope.base, rope.freq_scale)
         if rope.ext_factor != 0.0 or rope.magnitude != 1.0:
-            outs = []
-            for x, norm in zip(xs, norms):
-                if norm is not None:
-                    x = self.rms_norm(x, *norm)
-                out = self._new(x.rows, x.cols)
-                self.device.launch("rope_yarn_f32", (x.rows, x.cols // head_dim), block, (x.ptr, out.ptr, *common) + yarn_args(rope))
-                outs.append(out)
+            xs = [x if norm is None else self.rms_norm(x, *norm) for x, norm in zip(xs, norms)]
+            outs = [self._new(x.rows, x.cols) for x in xs]
+            together = len(xs) == 2 and xs[0].rows == xs[1].rows
+            for run in [(0, 1)] if together else [(i,) for i in range(len(xs))]:
+                (x0, y0, h0), (x1, y1, h1) = [(xs[i].ptr, outs[i].ptr, xs[i].cols // head_dim) for i in run] + [(0, 0, 0)] * (2 - len(run))
+                self.device.launch("rope_yarn_f32", (xs[run[0]].rows, h0 + h1), block, (x0, y0, h0, x1, y1, *common) + yarn_args(rope))
             return outs
         if len(xs) > 2 or (len(xs) == 2 and (xs[0].rows != xs[1].rows or (norms[0] and norms[1] and norms[0][1] != norms[1][1]))):
             return [self.ropes((x,), positions, head_dim, rope, freq_factors, (n,))[0] for x, n in zip(xs, norms)]

@@ -58,7 +58,7 @@ KERNELS = {
     "quantize_x16": "PPPi",
     # mla.cu
     "copy_heads_f32": "PPiiiiiPPiiiii",
-    "rope_yarn_f32": "PPPPiiidddddd",
+    "rope_yarn_f32": "PPiPPPPiiidddddd",
     "latent_attention": "PPPPPPiiifP",
     "latent_attention_combine": "PPii",
     "latent_attention_prefill": "PPPPPPiiiif",
