@@ -55,6 +55,9 @@ SHARED_CONSTANTS = {
     ("experts", "ROUTE_MAX_EXPERTS"): [("moe.cu", "ROUTE_MAX_EXPERTS")],
     ("experts", "ROUTE_MAX_USED"): [("moe.cu", "ROUTE_MAX_USED")],
     ("experts", "ROUTE_MAX_GROUPS"): [("moe.cu", "ROUTE_MAX_GROUPS")],
+    ("experts", "MLA_PREFILL_WARPS"): [("mla.cu", "MLA_PREFILL_WARPS")],
+    ("experts", "MLA_PREFILL_SLOTS"): [("mla.cu", "MLA_PREFILL_SLOTS")],
+    ("experts", "MLA_PREFILL_DV"): [("mla.cu", "MLA_PREFILL_DV")],
 }
 
 

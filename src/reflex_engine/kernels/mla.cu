@@ -197,7 +197,7 @@ latent_attention_combine(const float* partials, float* out, int splits, int v_wi
 // flash.cuh's, attention_prefill.cu's too.
 // LAUNCH: block = MLA_PREFILL_WARPS · 32, grid = (ceil(n_tok · n_heads / MLA_PREFILL_ROWS), v_width /
 // MLA_PREFILL_DV); dynamic shared memory (MLA_PREFILL_ROWS + 2 · MLA_PREFILL_SLOTS) · (k_width + 8) · 2 +
-// 2 · MLA_PREFILL_SLOTS · 4 bytes (ops.py); k_width % 32 == 0, v_width % MLA_PREFILL_DV == 0, v_width <= k_width.
+// 2 · MLA_PREFILL_SLOTS · 4 bytes (experts.py); k_width % 32 == 0, v_width % MLA_PREFILL_DV == 0, v_width <= k_width.
 #define MLA_PREFILL_WARPS 8
 #define MLA_PREFILL_ROWS (16 * MLA_PREFILL_WARPS)
 #define MLA_PREFILL_SLOTS 32

@@ -26,9 +26,9 @@ MLA_MAX_WIDTH, MLA_THREADS = 576, 256  # kernels/mla.cu: 18 features a lane, MLA
 # softmaxes in the scratch CudaOps keeps for attention's (which bounds the splits of a long batch)
 MLA_MAX_SPLITS, MLA_SPLIT_SLOTS = 64, 128
 # kernels/mla.cu latent_attention_prefill: a prompt of this many tokens or more on tensor cores (sm_90+: a block's
-# shared memory holds its 128 query rows and two stages of 32 slots, 225 KB at DeepSeek's 576), 128 (token, head)
-# rows a block, 256 value dims a block, for rows of whole 32-feature pieces; the split kernel elsewhere
-MLA_PREFILL_MIN_TOKENS, MLA_PREFILL_ROWS, MLA_PREFILL_SLOTS, MLA_PREFILL_DV, MLA_PREFILL_THREADS = 64, 128, 32, 256, 256
+# shared memory holds its 16 (token, head) query rows a warp and two stages of MLA_PREFILL_SLOTS slots, 225 KB at
+# DeepSeek's 576), MLA_PREFILL_DV value dims a block, for rows of whole 32-feature pieces; the split kernel elsewhere
+MLA_PREFILL_MIN_TOKENS, MLA_PREFILL_WARPS, MLA_PREFILL_SLOTS, MLA_PREFILL_DV = 64, 8, 32, 256
 
 
 def matrix_bytes(weight) -> int:
@@ -218,11 +218,12 @@ class ExpertOps:
                                            t, width, 0))
         out = self._new(t, n_heads * v_width)
         if t >= MLA_PREFILL_MIN_TOKENS and self._sm90 and width % 32 == 0 and v_width % MLA_PREFILL_DV == 0:
-            shared = (MLA_PREFILL_ROWS + 2 * MLA_PREFILL_SLOTS) * (width + 8) * 2 + 2 * MLA_PREFILL_SLOTS * 4
+            rows = 16 * MLA_PREFILL_WARPS
+            shared = (rows + 2 * MLA_PREFILL_SLOTS) * (width + 8) * 2 + 2 * MLA_PREFILL_SLOTS * 4
             dev.allow_shared("latent_attention_prefill", shared)
-            dev.launch("latent_attention_prefill", (-(-t * n_heads // MLA_PREFILL_ROWS), v_width // MLA_PREFILL_DV),
-                       MLA_PREFILL_THREADS, (q.ptr, cache.k[layer], cache.segments, self._segments, out.ptr, self._start,
-                                             t, n_heads, width, v_width, scale), shared)
+            dev.launch("latent_attention_prefill", (-(-t * n_heads // rows), v_width // MLA_PREFILL_DV),
+                       32 * MLA_PREFILL_WARPS, (q.ptr, cache.k[layer], cache.segments, self._segments, out.ptr,
+                                                self._start, t, n_heads, width, v_width, scale), shared)
             return out
         splits = max(1, min(MLA_MAX_SPLITS, -(-cache.shape.capacity // MLA_SPLIT_SLOTS),
                             _cuda_ops().ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (v_width + 2))))
