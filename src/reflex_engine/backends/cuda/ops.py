@@ -859,10 +859,11 @@ class CudaOps(ExpertOps, DeltaNetOps):
         if rope.ext_factor != 0.0 or rope.magnitude != 1.0:
             xs = [x if norm is None else self.rms_norm(x, *norm) for x, norm in zip(xs, norms)]
             outs = [self._new(x.rows, x.cols) for x in xs]
-            together = len(xs) == 2 and xs[0].rows == xs[1].rows
-            for run in [(0, 1)] if together else [(i,) for i in range(len(xs))]:
-                (x0, y0, h0), (x1, y1, h1) = [(xs[i].ptr, outs[i].ptr, xs[i].cols // head_dim) for i in run] + [(0, 0, 0)] * (2 - len(run))
-                self.device.launch("rope_yarn_f32", (xs[run[0]].rows, h0 + h1), block, (x0, y0, h0, x1, y1, *common) + yarn_args(rope))
+            pairs = list(zip(xs, outs))
+            for run in [pairs] if len(xs) == 2 and xs[0].rows == xs[1].rows else [[pair] for pair in pairs]:
+                # (x, y, heads) of each tensor, a second one absent (0, 0, 0)
+                (x0, y0, h0), (x1, y1, h1) = [(x.ptr, y.ptr, x.cols // head_dim) for x, y in run] + [(0, 0, 0)] * (2 - len(run))
+                self.device.launch("rope_yarn_f32", (run[0][0].rows, h0 + h1), block, (x0, y0, h0, x1, y1, *common) + yarn_args(rope))
             return outs
         if len(xs) > 2 or (len(xs) == 2 and (xs[0].rows != xs[1].rows or (norms[0] and norms[1] and norms[0][1] != norms[1][1]))):
             return [self.ropes((x,), positions, head_dim, rope, freq_factors, (n,))[0] for x, n in zip(xs, norms)]
