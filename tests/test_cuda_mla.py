@@ -68,8 +68,10 @@ def test_yarn_rope_matches_the_cpu(gpu, rope):
     positions = [0, 1, 2, 37, 300, 4095]
     got = gpu.to_host(gpu.rope(host(gpu, x), positions, head_dim, rope))
     np.testing.assert_allclose(got, cpu.rope(x, positions, head_dim, rope), rtol=1e-6, atol=1e-6)
+    gpu.poison()  # once: host() poisons, which would wipe the first tensor's upload
+    inputs = (gpu.from_host(x), gpu.from_host(x1))
     with recorded_launches(gpu) as launched:
-        both = [gpu.to_host(y) for y in gpu.ropes((host(gpu, x), host(gpu, x1)), positions, head_dim, rope)]
+        both = [gpu.to_host(y) for y in gpu.ropes(inputs, positions, head_dim, rope)]
     assert launched.count("rope_yarn_f32" if rope.ext_factor or rope.magnitude != 1.0 else "rope_f32") == 1
     for got, want in zip(both, cpu.ropes((x, x1), positions, head_dim, rope)):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
