@@ -42,31 +42,34 @@ extern "C" __global__ void gdn_gates_f32(const float* alpha, const float* beta, 
 
 // silu(y), y_c(t) = sum_j w[c, j] in_c(t - K + 1 + j), where the inputs before the batch are the K-1 rows of the
 // layer's state (zeros when fresh), which then holds the batch's last K-1 inputs. No output depends on another, so
-// a block's 32 channels (a warp's lanes: coalesced rows) take its 8 warps' tokens in turn, a warp every 8th token
-// (a thread a channel walking every token took 200 us for a 512-token Qwen3.5 prompt: 24 blocks); the state's
-// rows, which the batch's first K-1 tokens read, are rewritten after the block's barrier.
-// w: (C, K) float32 or float16 (w_f16). LAUNCH: block 256, grid.x = ceil(C / 32); K <= CONV_MAX_TAPS.
+// a warp takes one token of a block's 32 channels (its lanes: coalesced rows), the block's warps consecutive tokens
+// (a thread a channel walking every token took 200 us for a 512-token Qwen3.5 prompt: 24 blocks; 8 warps walking
+// a token in 8, 59 us: too few loads in flight). Only grid y's first block holds tokens that read the state's rows
+// (t < K - 1 <= 7), so it alone rewrites them, after its barrier.
+// w: (C, K) float32 or float16 (w_f16). LAUNCH: block 32 · min(8, n_tok), grid = (ceil(C / 32), ceil(n_tok /
+// warps)); K <= CONV_MAX_TAPS.
 extern "C" __global__ void __launch_bounds__(256) causal_conv1d_f32(const float* x, const void* w, float* state, float* y,
                                                                     int n_tok, int channels, int taps, int w_f16, int fresh) {
     follow_previous_kernel();
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, c = blockIdx.x * WARP + lane;
+    const int t = blockIdx.y * (blockDim.x / WARP) + warp;
     const bool live = c < channels;
-    float wc[CONV_MAX_TAPS];
-#pragma unroll
-    for (int j = 0; j < CONV_MAX_TAPS; j++)
-        if (live && j < taps) wc[j] = w_f16 ? __half2float(((const __half*)w)[(int64_t)c * taps + j]) : ((const float*)w)[(int64_t)c * taps + j];
     // the channel's input s: the batch's x from s = 0, the state's rows before it (s = 1 - K .. -1)
     auto input = [&](int s) {
         return s >= 0 ? x[(int64_t)s * channels + c] : fresh ? 0.0f : state[(int64_t)(taps - 1 + s) * channels + c];
     };
-    if (live)
-        for (int t = warp; t < n_tok; t += blockDim.x / WARP) {
-            float acc = 0.0f;  // in the reference's order: the taps summed oldest first
+    if (live && t < n_tok) {
+        float acc = 0.0f;  // in the reference's order: the taps summed oldest first
 #pragma unroll
-            for (int j = 0; j < CONV_MAX_TAPS; j++)
-                if (j < taps) acc = __fadd_rn(acc, __fmul_rn(input(t - taps + 1 + j), wc[j]));
-            y[(int64_t)t * channels + c] = __fmul_rn(acc, sigmoid_rn(acc));
-        }
+        for (int j = 0; j < CONV_MAX_TAPS; j++)
+            if (j < taps) {
+                const int64_t wj = (int64_t)c * taps + j;
+                const float wc = w_f16 ? __half2float(((const __half*)w)[wj]) : ((const float*)w)[wj];
+                acc = __fadd_rn(acc, __fmul_rn(input(t - taps + 1 + j), wc));
+            }
+        y[(int64_t)t * channels + c] = __fmul_rn(acc, sigmoid_rn(acc));
+    }
+    if (blockIdx.y != 0) return;
     __syncthreads();  // every read of the state's rows is done
     if (live && warp == 0) {
         float next[CONV_MAX_TAPS - 1];

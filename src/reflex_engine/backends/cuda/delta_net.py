@@ -67,7 +67,8 @@ class DeltaNetOps:
         if weight.ggml_type not in (GGMLType.F32, GGMLType.F16):
             raise ReflexError(f"a Gated DeltaNet conv weight of type {weight.ggml_type.name}: the CUDA kernel reads F32 or F16")
         out = self._new(x.rows, x.cols)
-        self.device.launch("causal_conv1d_f32", (-(-channels // 32),), 256,
+        warps = min(8, x.rows)  # a warp a token: a decode step's block is its one warp
+        self.device.launch("causal_conv1d_f32", (-(-channels // 32), -(-x.rows // warps)), 32 * warps,
                            (x.ptr, self._ready(weight), cache.recurrent.conv[layer], out.ptr, x.rows, channels, taps,
                             weight.ggml_type == GGMLType.F16, batch.start == 0))
         return out
