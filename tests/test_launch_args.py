@@ -58,6 +58,11 @@ SHARED_CONSTANTS = {
     ("experts", "MLA_PREFILL_WARPS"): [("mla.cu", "MLA_PREFILL_WARPS")],
     ("experts", "MLA_PREFILL_SLOTS"): [("mla.cu", "MLA_PREFILL_SLOTS")],
     ("experts", "MLA_PREFILL_DV"): [("mla.cu", "MLA_PREFILL_DV")],
+    ("delta_net", "CONV_MAX_TAPS"): [("delta_net.cu", "CONV_MAX_TAPS")],
+    ("delta_net", "DELTA_MAX_DK"): [("delta_net.cu", "DELTA_MAX_DK")],
+    ("delta_net", "CHUNK"): [("delta_net.cu", "CHUNK_MAX")],
+    ("delta_net", "SCAN_COLUMNS"): [("delta_net.cu", "SCAN_COLUMNS")],
+    ("delta_net", "PREP_THREADS"): [("delta_net.cu", "PREP_THREADS")],
 }
 
 
@@ -70,9 +75,9 @@ def kernel_constant(file: str, name: str) -> int:
 
 
 def test_the_launch_shapes_the_host_states_are_the_ones_the_kernels_were_built_with():
-    from reflex_engine.backends.cuda import experts, ops
+    from reflex_engine.backends.cuda import delta_net, experts, ops
 
-    modules = {"ops": ops, "experts": experts}
+    modules = {"ops": ops, "experts": experts, "delta_net": delta_net}
     wrong = {f"{module}.{name}": [(f"kernels/{file}", const, kernel_constant(file, const)) for file, const in sources]
              for (module, name), sources in SHARED_CONSTANTS.items()
              if any(getattr(modules[module], name) != kernel_constant(file, const) for file, const in sources)}

@@ -141,15 +141,23 @@ extern "C" __global__ void delta_rule_step(const float* q, const float* k, const
 // chunk's start, A[t, j] = beta_t exp(c_t - c_j) k_t.k_j (j < t) and T = (I + A)^-1 (forward substitution),
 //   W = T (beta exp(c) K),  U = T (beta V),  QK[t, j] = exp(c_t - c_j) q_t.k_j (j <= t, else 0),
 // so that the chunk's corrections are D = U - W S0 (delta_rule_chunk_scan). Scratch per value head h and token:
-// w (H, T, dk), u (H, T, dv), qk (H, T, CHUNK_MAX), cum (H, T). The chunk's keys are staged in shared memory
-// (rows of dk + 1 floats: a warp's 32 consecutive j at one i fall in 32 banks), where the dot products read them: from
-// global memory each of those reads touched 32 lines, and the kernel took 297 us a launch on a 512-token Qwen3.5 prompt.
-// LAUNCH: block 256, grid = (ceil(T / chunk), H); chunk <= CHUNK_MAX; dynamic shared memory chunk · (dk + 1) floats.
-extern "C" __global__ void delta_rule_chunk_prep(const float* q, const float* k, const float* v, const float* g,
-                                                 const float* beta, float* w, float* u, float* qk, float* cum, int n_tok,
-                                                 int n_heads, int k_heads, int dk, int dv, int tiled, float scale, int chunk) {
+// w (H, T, dk), u (H, T, dv), qk (H, T, CHUNK_MAX), cum (H, T). A grid of (chunks, heads) blocks leaves most of the
+// GPU's warp slots empty (a 512-token Qwen3.5 prompt: 128 blocks), so each phase is written for latency, its chains
+// side by side: the chunk's keys staged in shared memory (rows of dk + 1 floats: 16 consecutive j at one i in 16
+// banks); a thread's four j of one t share each load of q_t and k_t; T's row t a sum over 8 threads an entry; and
+// W and U a thread's 16 rows of one column at once, sharing each row j of the right-hand side. Each sum runs in the
+// order it did a thread an entry (but T's, now in 8 slices): 149 us a launch before (run 30, 512 tokens).
+// LAUNCH: block PREP_THREADS, grid = (ceil(T / chunk), H); chunk <= CHUNK_MAX; dynamic shared memory chunk · (dk + 1)
+// floats.
+#define PREP_THREADS 512
+#define PREP_COLUMNS 128  // W's and U's columns a pass, PREP_THREADS / PREP_COLUMNS row groups
+extern "C" __global__ void __launch_bounds__(PREP_THREADS)
+delta_rule_chunk_prep(const float* q, const float* k, const float* v, const float* g, const float* beta, float* w, float* u,
+                      float* qk, float* cum, int n_tok, int n_heads, int k_heads, int dk, int dv, int tiled, float scale,
+                      int chunk) {
     follow_previous_kernel();
-    __shared__ float m[CHUNK_MAX][CHUNK_MAX + 1];
+    constexpr int GROUPS = PREP_THREADS / PREP_COLUMNS, ROWS = CHUNK_MAX / GROUPS, T_SLICES = PREP_THREADS / CHUNK_MAX;
+    __shared__ float m[CHUNK_MAX][CHUNK_MAX + 1];  // A's strictly lower part, then T's
     __shared__ float c[CHUNK_MAX], bt[CHUNK_MAX], f[CHUNK_MAX];
     extern __shared__ float ks[];  // (n, dk + 1): the chunk's keys
     const int a = blockIdx.x * chunk, h = blockIdx.y, n = min(chunk, n_tok - a), tid = threadIdx.x, ld = dk + 1;
@@ -158,56 +166,85 @@ extern "C" __global__ void delta_rule_chunk_prep(const float* q, const float* k,
     const float* kc = k + a * k_stride + (int64_t)kh * dk;
     const float* qc = q + a * k_stride + (int64_t)kh * dk;
     const float* vc = v + a * v_stride + (int64_t)h * dv;
-    if (tid == 0) {  // the reference's cumsum: one running float32 sum
-        float run = 0.0f;
-        for (int t = 0; t < n; t++) run = __fadd_rn(run, g[(int64_t)(a + t) * n_heads + h]), c[t] = run;
-    }
-    for (int t = tid; t < n; t += blockDim.x) bt[t] = beta[(int64_t)(a + t) * n_heads + h];
-    for (int e = tid; e < n * dk; e += blockDim.x) ks[e / dk * ld + e % dk] = kc[e / dk * k_stride + e % dk];
+    for (int t = tid; t < n; t += PREP_THREADS)
+        c[t] = g[(int64_t)(a + t) * n_heads + h], bt[t] = beta[(int64_t)(a + t) * n_heads + h];
+    for (int e = tid; e < n * dk; e += PREP_THREADS) ks[e / dk * ld + e % dk] = kc[e / dk * k_stride + e % dk];
     __syncthreads();
-    for (int t = tid; t < n; t += blockDim.x) f[t] = __fmul_rn(bt[t], expf(c[t]));  // W's beta exp(c), once a row
+    if (tid == 0)  // the reference's cumsum: one running float32 sum
+        for (int t = 1; t < n; t++) c[t] = __fadd_rn(c[t - 1], c[t]);
+    __syncthreads();
+    for (int t = tid; t < n; t += PREP_THREADS) f[t] = __fmul_rn(bt[t], expf(c[t]));  // W's beta exp(c), once a row
+
+    // A and QK: thread (t, jg) takes j = jg, jg + 16, jg + 32, jg + 48 (j <= t)
     float* qk_rows = qk + ((int64_t)h * n_tok + a) * CHUNK_MAX;
-    for (int e = tid; e < n * n; e += blockDim.x) {
-        const int t = e / n, j = e % n;
-        float kk = 0.0f, qq = 0.0f;
-        if (j <= t) {
-            for (int i = 0; i < dk; i++) {
-                const float kj = ks[j * ld + i];
-                kk = fmaf(ks[t * ld + i], kj, kk);
-                qq = fmaf(__fmul_rn(qc[t * k_stride + i], scale), kj, qq);
+    for (int e = tid; e < n * 16; e += PREP_THREADS) {
+        const int t = e / 16, jg = e % 16;
+        float kk[4] = {}, qq[4] = {};
+        for (int i = 0; i < dk; i++) {
+            const float kt = ks[t * ld + i], qt = __fmul_rn(qc[t * k_stride + i], scale);
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int j = jg + 16 * r;
+                if (j <= t) {
+                    const float kj = ks[j * ld + i];
+                    kk[r] = fmaf(kt, kj, kk[r]);
+                    qq[r] = fmaf(qt, kj, qq[r]);
+                }
             }
         }
-        const float decay = j <= t ? expf(__fsub_rn(c[t], c[j])) : 0.0f;
-        m[t][j] = j < t ? __fmul_rn(__fmul_rn(kk, decay), bt[t]) : 0.0f;
-        qk_rows[(int64_t)t * CHUNK_MAX + j] = __fmul_rn(qq, decay);
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int j = jg + 16 * r;
+            if (j >= n) continue;
+            const float decay = j <= t ? expf(__fsub_rn(c[t], c[j])) : 0.0f;
+            m[t][j] = j < t ? __fmul_rn(__fmul_rn(kk[r], decay), bt[t]) : 0.0f;
+            qk_rows[(int64_t)t * CHUNK_MAX + j] = __fmul_rn(qq[r], decay);
+        }
     }
     __syncthreads();
-    // T's strictly lower part replaces A's row by row: T[t, m] = -(A[t, m] + sum_{m<j<t} A[t, j] T[j, m])
+    // T's strictly lower part replaces A's row by row: T[t, j'] = -(A[t, j'] + sum_{j'<j<t} A[t, j] T[j, j']), the sum
+    // in T_SLICES slices (thread (j', slice)), added up across their lanes
+    const int col = tid / T_SLICES, slice = tid % T_SLICES;
     for (int t = 1; t < n; t++) {
         float tm = 0.0f;
-        if (tid < t) {
-            tm = m[t][tid];
-            for (int j = tid + 1; j < t; j++) tm = fmaf(m[t][j], m[j][tid], tm);
+        if (col < t)
+            for (int j = col + 1 + slice; j < t; j += T_SLICES) tm = fmaf(m[t][j], m[j][col], tm);
+#pragma unroll
+        for (int o = T_SLICES / 2; o > 0; o /= 2) tm += __shfl_xor_sync(0xffffffffu, tm, o);
+        __syncthreads();  // every slice has read row t's A
+        if (col < t && slice == 0) m[t][col] = -__fadd_rn(m[t][col], tm);
+        __syncthreads();
+    }
+
+    // out[t, :] = sum_{j <= t} T[t, j] scale_of[j] x[j, :] (T[t, t] = 1), for W (the keys) and U (the values): thread
+    // (group, column) takes rows group + GROUPS·r, the sum over j in order
+    const int group = tid / PREP_COLUMNS;
+    auto t_times = [&](const float* x, int64_t x_stride, const float* scale_of, int width, float* out) {
+        for (int cl = tid % PREP_COLUMNS; cl < width; cl += PREP_COLUMNS) {
+            float acc[ROWS];
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                const int t = group + GROUPS * r;
+                acc[r] = t < n ? __fmul_rn(scale_of[t], x[t * x_stride + cl]) : 0.0f;
+            }
+            for (int j = 0; j < n - 1; j++) {
+                const float xj = __fmul_rn(scale_of[j], x[j * x_stride + cl]);
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) {
+                    const int t = group + GROUPS * r;
+                    if (j < t && t < n) acc[r] = fmaf(m[t][j], xj, acc[r]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                const int t = group + GROUPS * r;
+                if (t < n) out[(int64_t)t * width + cl] = acc[r];
+            }
         }
-        __syncthreads();
-        if (tid < t) m[t][tid] = -tm;
-        __syncthreads();
-    }
-    float* wc = w + ((int64_t)h * n_tok + a) * dk;
-    for (int e = tid; e < n * dk; e += blockDim.x) {
-        const int t = e / dk, i = e % dk;
-        float acc = __fmul_rn(f[t], ks[t * ld + i]);  // T[t, t] = 1
-        for (int j = 0; j < t; j++) acc = fmaf(m[t][j], __fmul_rn(f[j], ks[j * ld + i]), acc);
-        wc[e] = acc;
-    }
-    float* uc = u + ((int64_t)h * n_tok + a) * dv;
-    for (int e = tid; e < n * dv; e += blockDim.x) {
-        const int t = e / dv, col = e % dv;
-        float acc = __fmul_rn(bt[t], vc[t * v_stride + col]);
-        for (int j = 0; j < t; j++) acc = fmaf(m[t][j], __fmul_rn(bt[j], vc[j * v_stride + col]), acc);
-        uc[e] = acc;
-    }
-    for (int t = tid; t < n; t += blockDim.x) cum[(int64_t)h * n_tok + a + t] = c[t];
+    };
+    t_times(ks, ld, f, dk, w + ((int64_t)h * n_tok + a) * dk);
+    t_times(vc, v_stride, bt, dv, u + ((int64_t)h * n_tok + a) * dv);
+    for (int t = tid; t < n; t += PREP_THREADS) cum[(int64_t)h * n_tok + a + t] = c[t];
 }
 
 // The chunked form's scan: SCAN_COLUMNS columns of a value head's state a block, through the batch's chunks in

@@ -14,7 +14,7 @@ from ...errors import ReflexError
 from ...gguf import GGMLType
 from ...ops import Batch, RecurrentShape
 
-CONV_MAX_TAPS, DELTA_MAX_DK, CHUNK, SCAN_COLUMNS = 8, 128, 64, 16  # kernels/delta_net.cu
+CONV_MAX_TAPS, DELTA_MAX_DK, CHUNK, SCAN_COLUMNS, PREP_THREADS = 8, 128, 64, 16, 512  # kernels/delta_net.cu
 
 
 class RecurrentState(NamedTuple):
@@ -93,7 +93,7 @@ class DeltaNetOps:
         u, qk, cum = w + 4 * h * t * dk, w + 4 * h * t * (dk + dv), w + 4 * h * t * (dk + dv + CHUNK)
         keys = 4 * CHUNK * (dk + 1)  # the chunk's keys in shared memory
         dev.allow_shared("delta_rule_chunk_prep", keys)
-        dev.launch("delta_rule_chunk_prep", (-(-t // CHUNK), h), 256,
+        dev.launch("delta_rule_chunk_prep", (-(-t // CHUNK), h), PREP_THREADS,
                    (q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, w, u, qk, cum, t) + heads + (CHUNK,), keys)
         dev.launch("delta_rule_chunk_scan", (h, -(-dv // SCAN_COLUMNS)), 256,
                    (q.ptr, k.ptr, w, u, qk, cum, state, out.ptr, t) + heads + (CHUNK, fresh))
