@@ -254,6 +254,9 @@ delta_rule_chunk_prep(const float* q, const float* k, const float* v, const floa
 // sum over the inner index in order: its chains run side by side and share each load of the other operand (a row
 // at a time, the loops' latency and two shared loads an FMA bounded the kernel: 388 us a launch on a 512-token
 // Qwen3.5 prompt). The chunk's (n, dk) operand rows are dk + 1 floats apart: a warp's two rows in distinct banks.
+// Each operand is staged as stored (plain copies): Q's scale multiplies Q S0's sums, K's decays D's rows (a decay
+// an element took 8,192 expf a chunk), and QK is staged too, its sums' loads from global memory in the chain
+// (241 us a launch before, run 30).
 // LAUNCH: block SCAN_THREADS, grid = (H, ceil(dv / SCAN_COLUMNS)); dk <= DELTA_MAX_DK, chunk <= CHUNK_MAX.
 #define SCAN_THREADS 256
 #define SCAN_ROW_STEP (SCAN_THREADS / SCAN_COLUMNS)  // 16 rows side by side, a thread every 16th
@@ -263,7 +266,7 @@ delta_rule_chunk_scan(const float* q, const float* k, const float* w, const floa
                       float scale, int chunk, int fresh) {
     follow_previous_kernel();
     constexpr int TOK_ROWS = CHUNK_MAX / SCAN_ROW_STEP, DK_ROWS = DELTA_MAX_DK / SCAN_ROW_STEP;  // a thread's rows
-    __shared__ float x[CHUNK_MAX * (DELTA_MAX_DK + 1)];  // W, then Q, then the decayed K of the chunk: (n, dk), rows ld apart
+    __shared__ float x[CHUNK_MAX * (DELTA_MAX_DK + 1)];  // W, Q, QK ((n, n), rows CHUNK_MAX + 1 apart), K: (n, dk), rows ld apart
     __shared__ float s[DELTA_MAX_DK][SCAN_COLUMNS];
     __shared__ float d[CHUNK_MAX][SCAN_COLUMNS];
     __shared__ float c[CHUNK_MAX];
@@ -302,25 +305,34 @@ delta_rule_chunk_scan(const float* q, const float* k, const float* w, const floa
             if (t < n) d[t][col] = live ? __fsub_rn(uc[(int64_t)t * dv + c0 + col], acc[r]) : 0.0f;
         }
         __syncthreads();
-        for (int e = tid; e < n * dk; e += SCAN_THREADS)
-            x[e / dk * ld + e % dk] = __fmul_rn(q[(a + e / dk) * k_stride + (int64_t)kh * dk + e % dk], scale);
+        for (int e = tid; e < n * dk; e += SCAN_THREADS) x[e / dk * ld + e % dk] = q[(a + e / dk) * k_stride + (int64_t)kh * dk + e % dk];
         __syncthreads();
-        rows_times_s(n, acc);  // Q S0
+        rows_times_s(n, acc);  // Q S0, unscaled
+        __syncthreads();
+        constexpr int QK_LD = CHUNK_MAX + 1;
+        for (int e = tid; e < n * n; e += SCAN_THREADS) x[e / n * QK_LD + e % n] = qkc[(int64_t)(e / n) * CHUNK_MAX + e % n];
+        __syncthreads();
 #pragma unroll
         for (int r = 0; r < TOK_ROWS; r++) {
             const int t = lane_row + SCAN_ROW_STEP * r;
             if (t >= n) continue;
             float qd = 0.0f;
-            for (int j = 0; j <= t; j++) qd = fmaf(qkc[(int64_t)t * CHUNK_MAX + j], d[j][col], qd);
-            if (live) out[(int64_t)(a + t) * n_heads * dv + (int64_t)h * dv + c0 + col] = __fadd_rn(__fmul_rn(expf(c[t]), acc[r]), qd);
+            for (int j = 0; j <= t; j++) qd = fmaf(x[t * QK_LD + j], d[j][col], qd);
+            if (live)
+                out[(int64_t)(a + t) * n_heads * dv + (int64_t)h * dv + c0 + col] =
+                    __fadd_rn(__fmul_rn(expf(c[t]), __fmul_rn(acc[r], scale)), qd);
         }
         __syncthreads();
         const float last = c[n - 1];
-        for (int e = tid; e < n * dk; e += SCAN_THREADS)
-            x[e / dk * ld + e % dk] = __fmul_rn(k[(a + e / dk) * k_stride + (int64_t)kh * dk + e % dk], expf(__fsub_rn(last, c[e / dk])));
+#pragma unroll
+        for (int r = 0; r < TOK_ROWS; r++) {  // D's rows decayed to the chunk's end, each by the thread that wrote it
+            const int t = lane_row + SCAN_ROW_STEP * r;
+            if (t < n) d[t][col] = __fmul_rn(d[t][col], expf(__fsub_rn(last, c[t])));
+        }
+        for (int e = tid; e < n * dk; e += SCAN_THREADS) x[e / dk * ld + e % dk] = k[(a + e / dk) * k_stride + (int64_t)kh * dk + e % dk];
         __syncthreads();
         const float grow = expf(last);
-        float kd[DK_ROWS] = {};  // S's rows i = lane_row + SCAN_ROW_STEP·r (i < dk): (decayed K)^T D
+        float kd[DK_ROWS] = {};  // S's rows i = lane_row + SCAN_ROW_STEP·r (i < dk): K^T (decayed D)
         for (int t = 0; t < n; t++) {
             const float dt = d[t][col];
 #pragma unroll
