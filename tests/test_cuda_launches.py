@@ -726,25 +726,30 @@ def test_a_prompts_heads_take_tensor_core_tiles_where_the_type_and_width_allow(f
 
 
 @pytest.mark.parametrize("capability", [(9, 0), (8, 9)])
-def test_a_long_prompts_latent_attention_takes_the_tensor_core_kernel_on_sm90(fake, monkeypatch, capability):
-    """kernels/mla.cu latent_attention_prefill from 64 tokens on, on sm_90+ (its 225 KB of shared memory a block at
-    DeepSeek's 576-wide rows allowed): grid (ceil(tokens x heads / 128), v_width / 256); before sm_90, and for
-    63 tokens, the split kernel (and its merge where the partials' scratch lets it split)."""
+def test_the_latent_attention_takes_the_tensor_core_kernels_on_sm90(fake, monkeypatch, capability):
+    """kernels/mla.cu on sm_90+: from 64 tokens on latent_attention_prefill (225 KB of shared memory a block at
+    DeepSeek's 576-wide rows allowed), grid (ceil(tokens x heads / 128), v_width / 256), its slots unsplit; below,
+    latent_attention_decode, 16 rows a block, its slots split as the cache's capacity (256 slots: 4 of 64) and the
+    partials' scratch allow, merged by latent_attention_combine. Before sm_90 the split kernel and its merge."""
     launched, allowed = recorded_launches(fake, monkeypatch, capability)
     n_heads, width, v_width = 16, 576, 512
     ops = ops_module.CudaOps()
     shape = CacheShape(1, 256, width, v_width, latent=True)
     ops.reserve([], shape, activation_width=4 * n_heads * width)
     cache = ops.new_kv_cache(shape)
-    for n_tok in (63, 64, 130):
+    for n_tok in (1, 63, 64, 130):
         launched.clear()
         q, kv = (ops.from_host(np.zeros((n_tok, w), np.float32)) for w in (n_heads * width, width))
         ops.latent_attention(q, kv, cache=cache, layer=0, batch=Batch.causal(list(range(n_tok)), 0), n_heads=n_heads,
                              v_width=v_width, scale=0.1)
         got = [(n, g) for n, g, _ in launched if n.startswith("latent_attention")]
-        if n_tok >= 64 and capability >= (9, 0):
-            assert got == [("latent_attention_prefill", (-(-n_tok * n_heads // 128), 2))], n_tok
-        else:
+        splits = min(4, ops_module.ATTENTION_PARTIALS_BYTES // (4 * n_tok * n_heads * (v_width + 2)))
+        if capability < (9, 0):
             assert got[0][0] == "latent_attention" and {n for n, _ in got[1:]} <= {"latent_attention_combine"}, n_tok
-    shared = (128 + 2 * 32) * (width + 8) * 2 + 2 * 32 * 4
-    assert (("latent_attention_prefill", driver.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared) in allowed) == (capability >= (9, 0))
+        elif n_tok >= 64:
+            assert got == [("latent_attention_prefill", (-(-n_tok * n_heads // 128), 2, 1))], n_tok
+        else:
+            assert got == [("latent_attention_decode", (n_tok, 2, splits)), ("latent_attention_combine", (n_tok, n_heads))], n_tok
+    for kernel, rows in (("latent_attention_prefill", 128), ("latent_attention_decode", 16)):
+        shared = (rows + 2 * 32) * (width + 8) * 2 + 2 * 32 * 4
+        assert ((kernel, driver.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared) in allowed) == (capability >= (9, 0))

@@ -84,7 +84,8 @@ def test_latent_attention_prefill_then_decode(gpu, n_heads, width, v_width, segm
     """A prompt, then decode steps into the same latent cache. Its rows are f16 on the device, so the
     reference gets the same rounded values; what remains is float32 summation order, but for a prompt the
     tensor-core kernel takes (test_latent_attention_of_long_prompts_on_tensor_cores), which rounds q and the
-    probabilities to f16."""
+    probabilities to f16. On sm_90 DeepSeek's widths decode on tensor cores, split as the 160-slot cache allows:
+    the splits past a short context's slots see none, and the merge must leave them out."""
     n_prompt = 2 * t // 3
     seg = [0] * t if segments == "causal" else [0] * n_prompt + [1 + (i // 7) for i in range(t - n_prompt)]
     shape = CacheShape(1, 160, width, v_width, latent=True)
@@ -99,27 +100,31 @@ def test_latent_attention_prefill_then_decode(gpu, n_heads, width, v_width, segm
         dq, dkv = (gpu.from_host(np.ascontiguousarray(m[a:b])) for m in (q, kv))
         with recorded_launches(gpu) as launched:
             got = gpu.to_host(gpu.latent_attention(dq, dkv, cache=c_gpu, batch=batch, **kw))
-        f16_products = "latent_attention_prefill" in launched
+        f16_products = bool({"latent_attention_prefill", "latent_attention_decode"} & set(launched))
         np.testing.assert_allclose(got, ref, rtol=2e-3 if f16_products else 1e-4, atol=2e-3 if f16_products else 2e-5)
 
 
 @pytest.mark.parametrize("n_heads,width,v_width", [(16, 576, 512), (3, 288, 256)])
 def test_latent_attention_of_long_prompts_on_tensor_cores(gpu, n_heads, width, v_width):
-    """From MLA_PREFILL_MIN_TOKENS tokens on (sm_90+), kernels/mla.cu latent_attention_prefill: 100 tokens, then 77
-    after them (rows of 16 or 3 heads: partial blocks of 128), the second chunk's last 40 in system1's segments;
-    then a decode step by the split kernel. Q and the probabilities are rounded to f16 on the tensor cores, as
+    """On sm_90+, kernels/mla.cu's latent attention on tensor cores: from MLA_PREFILL_MIN_TOKENS tokens on
+    latent_attention_prefill (128 rows a block), 100 tokens, then 77 after them (rows of 16 or 3 heads: partial
+    blocks), the second chunk's last 40 in system1's segments; then two decode steps and a 9-token batch by
+    latent_attention_decode (16 rows a block, its slots split, the splits merged by latent_attention_combine: at
+    16 heads its rows are one token's). Q and the probabilities are rounded to f16 on the tensor cores, as
     attention_prefill.cu rounds them (test_cuda_ops attention_tolerance)."""
     if not gpu._sm90:
         pytest.skip("the prompt kernel's shared memory needs sm_90 or later")
     shape = CacheShape(1, 192, width, v_width, latent=True)
     c_cpu, c_gpu = cpu.new_kv_cache(shape), gpu.new_kv_cache(shape)
-    q = rng.standard_normal((178, n_heads * width)).astype(np.float32)
-    kv = f16_rounded(rng.standard_normal((178, width)).astype(np.float32))
+    q = rng.standard_normal((188, n_heads * width)).astype(np.float32)
+    kv = f16_rounded(rng.standard_normal((188, width)).astype(np.float32))
     kw = dict(layer=0, n_heads=n_heads, v_width=v_width, scale=width**-0.5)
     second = [0] * 37 + [1 + i // 9 for i in range(40)]
     steps = [(0, 100, Batch(range(100), range(100), [0] * 100, 0), "latent_attention_prefill", 2e-3),
              (100, 177, Batch(range(77), range(100, 177), second, 100), "latent_attention_prefill", 2e-3),
-             (177, 178, Batch.causal([0], 177), "latent_attention", 1e-4)]
+             (177, 178, Batch.causal([0], 177), "latent_attention_decode", 2e-3),
+             (178, 179, Batch.causal([0], 178), "latent_attention_decode", 2e-3),
+             (179, 188, Batch(range(9), range(179, 188), [0] * 4 + [1] * 5, 179), "latent_attention_decode", 2e-3)]
     for a, b, batch, kernel, tolerance in steps:
         ref = cpu.latent_attention(q[a:b], kv[a:b], cache=c_cpu, batch=batch, **kw)
         gpu.poison()

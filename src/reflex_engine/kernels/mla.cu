@@ -181,59 +181,58 @@ latent_attention_combine(const float* partials, float* out, int splits, int v_wi
     __syncthreads();
     for (int c = threadIdx.x; c < v_width; c += blockDim.x) {
         float o = 0.0f;
-        for (int z = 0; z < splits; ++z) o += wt[z] * part[z * (v_width + 2) + 2 + c];
+        for (int z = 0; z < splits; ++z)
+            if (wt[z] != 0.0f) o += wt[z] * part[z * (v_width + 2) + 2 + c];  // 0: a split that saw none, its values unwritten
         out[pair * v_width + c] = o * inv_total;
     }
 }
 
-// A prompt's latent attention on tensor cores, attention_prefill.cu's flash attention 2 over MLA's one latent row a
-// slot: every head reads the same rows, so a block's 128 query rows are (token, head) pairs, row r = token · n_heads
-// + head of q (n_tok · n_heads, k_width) and out (…, v_width), and each staged tile of slots serves all of them.
-// The block's Q (scaled by scale · log2(e), f16) stays in shared memory for the whole sweep, beside two stages of
-// MLA_PREFILL_SLOTS cache rows (cp.async); warp w owns rows 16w.. 16w + 15 of the block's and, of the values
-// (a row's first v_width features, the rows already staged), dims dv0.. dv0 + MLA_PREFILL_DV - 1 (grid y): its
-// O accumulators in registers, S = Q K^T recomputed by each of the grid's v_width / MLA_PREFILL_DV blocks of the
-// same rows. Masks as latent_attention's (slot <= start + token, segment 0 or the token's); the tile's steps
-// flash.cuh's, attention_prefill.cu's too.
-// LAUNCH: block = MLA_PREFILL_WARPS · 32, grid = (ceil(n_tok · n_heads / MLA_PREFILL_ROWS), v_width /
-// MLA_PREFILL_DV); dynamic shared memory (MLA_PREFILL_ROWS + 2 · MLA_PREFILL_SLOTS) · (k_width + 8) · 2 +
-// 2 · MLA_PREFILL_SLOTS · 4 bytes (experts.py); k_width % 32 == 0, v_width % MLA_PREFILL_DV == 0, v_width <= k_width.
+// The latent attention on tensor cores, a flash attention 2 over MLA's one latent row a slot (flash.cuh's tile steps,
+// attention_prefill.cu's too): every head reads the same rows, so a block's 16 · ROW_WARPS query rows are (token, head)
+// pairs, row r = token · n_heads + head of q (n_tok · n_heads, k_width) and out (…, v_width), and each staged tile of
+// slots serves all of them. The block's Q (scaled by scale · log2(e), f16) stays in shared memory for the whole sweep,
+// beside two stages of MLA_MMA_SLOTS cache rows (cp.async). Of the values (a row's first v_width features, the rows
+// already staged) a block takes dims dv0.. dv0 + MLA_MMA_DV - 1 (grid y); its warps are ROW_WARPS groups of 16 rows
+// times DV_WARPS parts of those dims, warp w rows 16 (w / DV_WARPS).. and dims MLA_MMA_DV / DV_WARPS · (w % DV_WARPS)..
+// of them: its O accumulators in registers, S = Q K^T recomputed by each warp of the same rows. Masks as
+// latent_attention's (slot <= start + token, segment 0 or the token's). Grid z splits the slots the block's rows see
+// into that many runs of whole tiles, as equal as tiles allow (lengths from *start_at, so a captured graph replays at
+// any position: the grid is the cache's, a short context leaves its last splits none); with more than one, each writes
+// (max in natural units, sum, unnormalised values) to partials as latent_attention does, for latent_attention_combine
+// (a split without slots only its max, -inf).
+#define MLA_MMA_SLOTS 32
+#define MLA_MMA_DV 256
 #define MLA_PREFILL_WARPS 8
-#define MLA_PREFILL_ROWS (16 * MLA_PREFILL_WARPS)
-#define MLA_PREFILL_SLOTS 32
-#define MLA_PREFILL_DV 256
-extern "C" __global__ void __launch_bounds__(MLA_PREFILL_WARPS * WARP)
-latent_attention_prefill(const float* q, const __half* cache, const int* slot_seg, const int* seg, float* out,
-                         const int* start_at, int n_tok, int n_heads, int k_width, int v_width, float scale) {
-    follow_previous_kernel();
-    constexpr int KT = MLA_PREFILL_SLOTS, DV = MLA_PREFILL_DV, THREADS = MLA_PREFILL_WARPS * WARP;
+template <int ROW_WARPS, int DV_WARPS>
+__device__ __forceinline__ void latent_attend_mma(const float* q, const __half* cache, const int* slot_seg, const int* seg,
+                                                  float* out, float* partials, int start, int n_tok, int n_heads,
+                                                  int k_width, int v_width, float scale) {
+    constexpr int ROWS = 16 * ROW_WARPS, KT = MLA_MMA_SLOTS, DV = MLA_MMA_DV / DV_WARPS, THREADS = ROW_WARPS * DV_WARPS * WARP;
     const int ld = k_width + 8;  // halves a staged row: an odd number of 16-byte pieces, so ldmatrix's 8 rows miss each other's banks
     extern __shared__ uint4 mla_smem[];
-    __half* qs = reinterpret_cast<__half*>(mla_smem);  // [MLA_PREFILL_ROWS][ld]
-    __half* ks = qs + MLA_PREFILL_ROWS * ld;             // [2][KT][ld]
+    __half* qs = reinterpret_cast<__half*>(mla_smem);  // [ROWS][ld]
+    __half* ks = qs + ROWS * ld;                         // [2][KT][ld]
     int* segs = reinterpret_cast<int*>(ks + 2 * KT * ld);  // [2][KT]
 
-    const int start = *start_at, n_rows = n_tok * n_heads, dv0 = blockIdx.y * DV;
+    const int n_rows = n_tok * n_heads;
     // the last rows first: theirs are the longest sweeps, so the grid's tail is short ones
-    const int r0 = (gridDim.x - 1 - blockIdx.x) * MLA_PREFILL_ROWS, n_r = min(MLA_PREFILL_ROWS, n_rows - r0);
-    const int last_slot = start + (r0 + n_r - 1) / n_heads;
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane / 4, c = lane % 4;
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * ROWS, n_r = min(ROWS, n_rows - r0);
+    // this split's slots, whole tiles of them: a short context leaves the grid's last splits none
+    const int n_slots = start + (r0 + n_r - 1) / n_heads + 1;
+    const int per_split = KT * ((n_slots + KT * gridDim.z - 1) / (KT * gridDim.z));
+    const int begin = blockIdx.z * per_split, last_slot = min(n_slots, begin + per_split) - 1;
+    if (begin >= n_slots) {  // no slots: weight 0 in latent_attention_combine, which reads no values of it
+        for (int row = threadIdx.x; row < n_r && blockIdx.y == 0; row += THREADS) {
+            float* split = partials + ((size_t)(r0 + row) * gridDim.z + blockIdx.z) * (v_width + 2);
+            split[0] = -INFINITY, split[1] = 0.0f;
+        }
+        return;
+    }
+    const int lane = threadIdx.x % WARP, g = lane / 4, c = lane % 4;
+    const int warp = threadIdx.x / WARP / DV_WARPS, part = threadIdx.x / WARP % DV_WARPS;  // its rows' 16s, its dims
+    const int dv0 = blockIdx.y * MLA_MMA_DV + part * DV;
     const int chunks = k_width / 8;  // 16-byte pieces a row
 
-    // Q once, f16 and scaled (rows past n_r: zeros)
-    const float q_scale = scale * 1.44269504f;
-    for (int i = threadIdx.x; i < MLA_PREFILL_ROWS * chunks; i += THREADS) {
-        const int row = i / chunks, col = 8 * (i % chunks);
-        float v[8] = {};
-        if (row < n_r) {
-            const float4* src = reinterpret_cast<const float4*>(q + (size_t)(r0 + row) * k_width + col);
-            const float4 a = src[0], b = src[1];
-            const float w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v[e] = w[e] * q_scale;
-        }
-        *reinterpret_cast<uint4*>(qs + row * ld + col) = pack_half8(v);
-    }
     // slots past last_slot are zeros, never read (masked below)
     auto load = [&](int stage, int j0) {
         for (int i = threadIdx.x; i < KT * chunks; i += THREADS) {
@@ -244,7 +243,34 @@ latent_attention_prefill(const float* q, const __half* cache, const int* slot_se
             cp_async4(segs + stage * KT + threadIdx.x, slot_seg + min(j0 + (int)threadIdx.x, last_slot), j0 + (int)threadIdx.x <= last_slot);
         cp_async_commit();
     };
+    const int n_tiles = (last_slot - begin) / KT + 1;
+    load(0, begin);  // in flight while Q is converted
 
+    // Q once, f16 and scaled (rows past n_r: zeros), QB pieces a thread loaded before any is stored: their loads'
+    // latencies overlap (a one-warp block's 36 pieces a lane, one at a time, took longer than its tiles)
+    constexpr int QB = 8;
+    const float q_scale = scale * 1.44269504f;
+    for (int i0 = threadIdx.x; i0 < ROWS * chunks; i0 += QB * THREADS) {
+        float4 a[QB], b[QB];
+#pragma unroll
+        for (int p = 0; p < QB; ++p) {
+            const int i = i0 + p * THREADS, row = i / chunks, col = 8 * (i % chunks);
+            a[p] = b[p] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (i < ROWS * chunks && row < n_r) {
+                const float4* src = reinterpret_cast<const float4*>(q + (size_t)(r0 + row) * k_width + col);
+                a[p] = src[0], b[p] = src[1];
+            }
+        }
+#pragma unroll
+        for (int p = 0; p < QB; ++p) {
+            const int i = i0 + p * THREADS, row = i / chunks, col = 8 * (i % chunks);
+            const float w[8] = {a[p].x, a[p].y, a[p].z, a[p].w, b[p].x, b[p].y, b[p].z, b[p].w};
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = w[e] * q_scale;
+            if (i < ROWS * chunks) *reinterpret_cast<uint4*>(qs + row * ld + col) = pack_half8(v);
+        }
+    }
     // This lane's rows (block-relative) g and g + 8 of the warp's 16, each visible to slots up to limit[u]
     int r[2], limit[2], own_seg[2];
 #pragma unroll
@@ -257,10 +283,8 @@ latent_attention_prefill(const float* q, const __half* cache, const int* slot_se
     const int warp_last = 16 * warp < n_r ? min(start + (r0 + min(16 * warp + 15, n_r - 1)) / n_heads, last_slot) : -1;
 
     float o[DV / 8][4] = {}, run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};
-    const int n_tiles = last_slot / KT + 1;
-    load(0, 0);
     for (int t = 0; t < n_tiles; ++t) {
-        const int cur = t % 2, j0 = t * KT;
+        const int cur = t % 2, j0 = begin + t * KT;
         cp_async_wait<0>();
         __syncthreads();  // tile t (and, the first time, Q) is in; every warp is done with tile t - 1's stage
         if (t + 1 < n_tiles) load(cur ^ 1, j0 + KT);
@@ -291,7 +315,33 @@ latent_attention_prefill(const float* q, const __half* cache, const int* slot_se
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
         const float sum = row_sum(run_sum[u]);
-        // > 0: a query always sees its own slot
-        if (r[u] < n_r) store_row(o, u, out + (size_t)(r0 + r[u]) * v_width + dv0, 1.0f / sum, c);
+        if (r[u] >= n_r) continue;
+        if (gridDim.z == 1) {  // sum > 0: a query always sees its own slot
+            store_row(o, u, out + (size_t)(r0 + r[u]) * v_width + dv0, 1.0f / sum, c);
+            continue;
+        }
+        float* split = partials + ((size_t)(r0 + r[u]) * gridDim.z + blockIdx.z) * (v_width + 2);
+        if (dv0 == 0 && c == 0) split[0] = run_max[u] * 0.69314718f, split[1] = sum;  // -inf: the row saw none
+        store_row(o, u, split + 2 + dv0, 1.0f, c);
     }
 }
+
+// A prompt's: 128 rows a block (8 warps of 16 rows), its slots unsplit. A decode step's (and a short prompt's): 16
+// rows a block (a token's 16 heads, DeepSeek-V2's count), MLA_DECODE_WARPS warps each a part of the block's value
+// dims (a warp alone loaded Q and the tiles one piece a lane at a time), the slots split over grid z.
+// LAUNCH: block = 32 · (MLA_PREFILL_WARPS or MLA_DECODE_WARPS), grid = (ceil(n_tok · n_heads / rows), v_width /
+// MLA_MMA_DV, splits), rows = 128 or 16; dynamic shared memory (rows + 2 · MLA_MMA_SLOTS) · (k_width + 8) · 2 +
+// 2 · MLA_MMA_SLOTS · 4 bytes (experts.py mla_mma_shared); k_width % 32 == 0, v_width % MLA_MMA_DV == 0,
+// v_width <= k_width.
+#define MLA_DECODE_WARPS 4
+#define LATENT_ATTENTION_MMA(name, ROW_WARPS, DV_WARPS)                                                               \
+    extern "C" __global__ void __launch_bounds__(ROW_WARPS * DV_WARPS * WARP)                                          \
+        name(const float* q, const __half* cache, const int* slot_seg, const int* seg, float* out, const int* start_at, \
+             int n_tok, int n_heads, int k_width, int v_width, float scale, float* partials) {                          \
+        follow_previous_kernel();                                                                                      \
+        latent_attend_mma<ROW_WARPS, DV_WARPS>(q, cache, slot_seg, seg, out, partials, *start_at, n_tok, n_heads,      \
+                                               k_width, v_width, scale);                                               \
+    }
+LATENT_ATTENTION_MMA(latent_attention_prefill, MLA_PREFILL_WARPS, 1)
+LATENT_ATTENTION_MMA(latent_attention_decode, 1, MLA_DECODE_WARPS)
+#undef LATENT_ATTENTION_MMA

@@ -25,10 +25,14 @@ MLA_MAX_WIDTH, MLA_THREADS = 576, 256  # kernels/mla.cu: 18 features a lane, MLA
 # a decode step's slots split over up to 64 blocks a head, at least 128 slots each, their partial
 # softmaxes in the scratch CudaOps keeps for attention's (which bounds the splits of a long batch)
 MLA_MAX_SPLITS, MLA_SPLIT_SLOTS = 64, 128
-# kernels/mla.cu latent_attention_prefill: a prompt of this many tokens or more on tensor cores (sm_90+: a block's
-# shared memory holds its 16 (token, head) query rows a warp and two stages of MLA_PREFILL_SLOTS slots, 225 KB at
-# DeepSeek's 576), MLA_PREFILL_DV value dims a block, for rows of whole 32-feature pieces; the split kernel elsewhere
-MLA_PREFILL_MIN_TOKENS, MLA_PREFILL_WARPS, MLA_PREFILL_SLOTS, MLA_PREFILL_DV = 64, 8, 32, 256
+# kernels/mla.cu's latent attention on tensor cores (sm_90+), for rows of whole 32-feature pieces and values of
+# whole 256-dim blocks: (token, head) rows in blocks with their Q and two stages of 32 slots in shared memory; a
+# prompt of MLA_PREFILL_MIN_TOKENS or more 128 rows a block, a warp each 16 (225 KB at DeepSeek's 576), its slots
+# unsplit; a decode step (and a shorter prompt) 16 rows a block, MLA_DECODE_WARPS warps each a part of its value dims,
+# its slots split in runs of about MLA_DECODE_SPLIT_SLOTS (up to MLA_MAX_SPLITS) as the split kernel's are; the split
+# kernel elsewhere
+MLA_MMA_SLOTS, MLA_MMA_DV = 32, 256
+MLA_PREFILL_MIN_TOKENS, MLA_PREFILL_WARPS, MLA_DECODE_WARPS, MLA_DECODE_SPLIT_SLOTS = 64, 8, 4, 64
 
 
 def matrix_bytes(weight) -> int:
@@ -217,22 +221,30 @@ class ExpertOps:
         dev.launch("kv_store", (t,), 256, (kv.ptr, 0, cache.k[layer], 0, cache.segments, self._segments, self._start,
                                            t, width, 0))
         out = self._new(t, n_heads * v_width)
-        if t >= MLA_PREFILL_MIN_TOKENS and self._sm90 and width % 32 == 0 and v_width % MLA_PREFILL_DV == 0:
-            rows = 16 * MLA_PREFILL_WARPS
-            shared = (rows + 2 * MLA_PREFILL_SLOTS) * (width + 8) * 2 + 2 * MLA_PREFILL_SLOTS * 4
-            dev.allow_shared("latent_attention_prefill", shared)
-            dev.launch("latent_attention_prefill", (-(-t * n_heads // rows), v_width // MLA_PREFILL_DV),
-                       32 * MLA_PREFILL_WARPS, (q.ptr, cache.k[layer], cache.segments, self._segments, out.ptr,
-                                                self._start, t, n_heads, width, v_width, scale), shared)
-            return out
-        splits = max(1, min(MLA_MAX_SPLITS, -(-cache.shape.capacity // MLA_SPLIT_SLOTS),
-                            _cuda_ops().ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (v_width + 2))))
-        dev.launch("latent_attention", (t, n_heads, splits), MLA_THREADS,
-                   (q.ptr, cache.k[layer], cache.segments, self._segments, out.ptr, self._start, n_heads, width, v_width,
-                    scale, self._partials))
+        most_splits = _cuda_ops().ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (v_width + 2))
+        if self._sm90 and width % 32 == 0 and v_width % MLA_MMA_DV == 0:
+            prompt = t >= MLA_PREFILL_MIN_TOKENS
+            rows, warps = (16 * MLA_PREFILL_WARPS, MLA_PREFILL_WARPS) if prompt else (16, MLA_DECODE_WARPS)
+            splits = 1 if prompt else max(1, min(MLA_MAX_SPLITS, -(-cache.shape.capacity // MLA_DECODE_SPLIT_SLOTS), most_splits))
+            kernel, shared = f"latent_attention_{'prefill' if prompt else 'decode'}", mla_mma_shared(rows, width)
+            dev.allow_shared(kernel, shared)
+            dev.launch(kernel, (-(-t * n_heads // rows), v_width // MLA_MMA_DV, splits), 32 * warps,
+                       (q.ptr, cache.k[layer], cache.segments, self._segments, out.ptr, self._start, t, n_heads, width,
+                        v_width, scale, self._partials), shared)
+        else:
+            splits = max(1, min(MLA_MAX_SPLITS, -(-cache.shape.capacity // MLA_SPLIT_SLOTS), most_splits))
+            dev.launch("latent_attention", (t, n_heads, splits), MLA_THREADS,
+                       (q.ptr, cache.k[layer], cache.segments, self._segments, out.ptr, self._start, n_heads, width, v_width,
+                        scale, self._partials))
         if splits > 1:
             dev.launch("latent_attention_combine", (t, n_heads), 256, (self._partials, out.ptr, splits, v_width))
         return out
+
+
+def mla_mma_shared(rows: int, width: int) -> int:
+    """kernels/mla.cu latent_attend_mma's shared memory: its rows' Q and two stages of slots, rows of width + 8
+    halves, and the stages' segments."""
+    return (rows + 2 * MLA_MMA_SLOTS) * (width + 8) * 2 + 2 * MLA_MMA_SLOTS * 4
 
 
 def _cuda_ops():

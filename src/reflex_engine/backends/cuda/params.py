@@ -61,7 +61,8 @@ KERNELS = {
     "rope_yarn_f32": "PPiPPPPiiidddddd",
     "latent_attention": "PPPPPPiiifP",
     "latent_attention_combine": "PPii",
-    "latent_attention_prefill": "PPPPPPiiiif",
+    "latent_attention_prefill": "PPPPPPiiiifP",
+    "latent_attention_decode": "PPPPPPiiiifP",
     # moe.cu
     "moe_route": "PPPPiiiifii",
     "moe_group": "PiiPPPPii",
