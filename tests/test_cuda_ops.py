@@ -9,6 +9,7 @@ import pytest
 from reflex_engine.backends.cpu import CpuOps
 from reflex_engine.backends.cuda.ops import (ATTENTION_SPLIT_SLOTS, GEMM_TILE_MIN_TOKENS, GEMM_TILE_TYPES, MATVEC_MAX_ROWS,
                                              MATVEC_MAX_TOKENS, MATVEC_PASSES_MAX_TOKENS, PREFILL_ATTENTION_MIN_TOKENS,
+                                             PREFILL_ATTENTION_WIDTHS,
                                              X16_MATVEC_TYPES, kernel_suffix)
 from reflex_engine.gguf import GGML_BLOCK, GGMLType
 from reflex_engine.ops import Batch, CacheShape, Rope, RopeMode
@@ -507,10 +508,10 @@ def f16_rounded(x):
 
 def attention_tolerance(n_tok, d):
     """K and V are f16 in the CUDA cache, so the reference gets the same rounded values. The
-    tensor-core prefill kernel (PREFILL_ATTENTION_MIN_TOKENS tokens or more, widths 64 and 128) also
+    tensor-core prefill kernel (PREFILL_ATTENTION_MIN_TOKENS tokens or more, PREFILL_ATTENTION_WIDTHS) also
     rounds the scaled q and the probabilities to f16: ~5e-4 off at most on these inputs. Elsewhere
     what remains is float32 summation order."""
-    if n_tok >= PREFILL_ATTENTION_MIN_TOKENS and d in (64, 128):
+    if n_tok >= PREFILL_ATTENTION_MIN_TOKENS and d in PREFILL_ATTENTION_WIDTHS:
         return dict(rtol=2e-3, atol=2e-3)
     return dict(rtol=1e-4, atol=2e-5)
 
@@ -538,7 +539,7 @@ def attention_matches_the_cpus(gpu, n_heads, n_kv, d, capacity, steps, qkv=None)
     return outs
 
 
-@pytest.mark.parametrize("n_heads,n_kv,d", [(4, 2, 64), (2, 1, 128), (16, 8, 128), (9, 3, 64), (4, 4, 96)])
+@pytest.mark.parametrize("n_heads,n_kv,d", [(4, 2, 64), (2, 1, 128), (16, 8, 128), (9, 3, 64), (4, 4, 96), (8, 2, 256)])
 @pytest.mark.parametrize("segments", ["causal", "system1"])
 # below the prefill kernel's threshold; ragged tiles of 64 queries; 200 tokens after 100 cached; the
 # longest batch the activation buffers take
@@ -607,10 +608,7 @@ def test_splits_merged_in_a_cluster_give_the_bits_of_the_merge_through_memory(gp
     whose first block merges the partials gathered in its shared memory, in the splits' order, as the last
     split of `attention` does from global memory: the same bits. Decode steps past a short prompt (splits past
     the query's slot empty), a short batch in two segments, and decode steps of 512- and 1,024-slot buckets
-    (the long batches between them split too where the prefill kernel does not take their width). Where 8
-    splits' partials overflow the scratch through memory (ATTENTION_PARTIALS_BYTES: 256-wide heads' long
-    batches), that kernel takes fewer splits, another cut of the slots (a split's length, kernels/attention.cu
-    split_length), and those steps alone may differ."""
+    (the long batches between them split too where the prefill kernel does not take their width)."""
     if not gpu._sm90:
         pytest.skip("clusters need sm_90 or later")
     steps = [(0, 20, Batch.causal(range(20), 0))] + [(s, s + 1, Batch.causal([0], s)) for s in range(20, 23)]
@@ -628,7 +626,7 @@ def test_splits_merged_in_a_cluster_give_the_bits_of_the_merge_through_memory(gp
     monkeypatch.setattr(gpu.device, "launch", counted)
     in_clusters = attention_matches_the_cpus(gpu, n_heads, n_kv, d, 1024, steps, qkv)
     cluster_splits = [n for _, n in launched]
-    assert [k for k, _ in launched].count("attention_cluster") == (6 if d in (64, 128) else 8)
+    assert [k for k, _ in launched].count("attention_cluster") == (6 if d in PREFILL_ATTENTION_WIDTHS else 8)
     monkeypatch.setattr("reflex_engine.backends.cuda.ops.ATTENTION_CLUSTER_SPLITS", 1)
     launched.clear()
     through_memory = attention_matches_the_cpus(gpu, n_heads, n_kv, d, 1024, steps, qkv)
@@ -639,10 +637,9 @@ def test_splits_merged_in_a_cluster_give_the_bits_of_the_merge_through_memory(gp
         return max(ATTENTION_SPLIT_SLOTS, -(-(batch.start + b - a) // n_splits))
 
     same_cut = [cut(st, a) == cut(st, b) for st, a, b in zip(steps, cluster_splits, [n for _, n in launched])]
-    assert same_cut.count(False) == (2 if d == 256 else 0)  # the 260- and 299-token batches
-    for a, b, same in zip(in_clusters, through_memory, same_cut):
-        if same:
-            np.testing.assert_array_equal(a, b)
+    assert all(same_cut)
+    for a, b in zip(in_clusters, through_memory):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("vocab", [1000, 151936])

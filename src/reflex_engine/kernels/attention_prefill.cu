@@ -5,11 +5,11 @@
 #define PREFILL_WARPS 4
 #define PREFILL_QT (16 * PREFILL_WARPS)  // queries a block: 16 a warp, the rows of one mma
 
-// One stage is 8 KB of K and 8 KB of V for either width (KT slots of D halves), so two stages
+// One stage is 8 KB of K and 8 KB of V for any width (KT slots of D halves), so two stages
 // fit the 48 KB of static shared memory with room to spare.
 template <int D>
 struct PrefillSmem {
-    static constexpr int KT = 4096 / D;  // slots a tile: 32 for D = 128, 64 for D = 64
+    static constexpr int KT = 4096 / D;  // slots a tile: 64, 32, 16 for D = 64, 128, 256
     static constexpr int LD = D + 8;  // halves a row: the 16-byte shift puts ldmatrix's 8 rows in distinct banks
     __half k[2][KT][LD];  // [stage][slot][dim]
     __half v[2][KT][LD];
@@ -136,4 +136,17 @@ attention_prefill(const float* q, const __half* k_cache, const __half* v_cache, 
     else if (dk == 128 && dv == 128)
         attend_prefill<128>(q, k_cache, v_cache, slot_seg, seg, out, start, n_tok, n_heads, n_kv_heads, scale,
                             *reinterpret_cast<PrefillSmem<128>*>(smem));
+}
+
+// The same for dk = dv = 256 (Qwen3.5's gated attention), a kernel of its own: its Q fragments and O accumulators
+// take 254 registers, which in attention_prefill would hold the narrower widths to 2 blocks an SM (168 there: 3).
+// LAUNCH: as attention_prefill's.
+extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * WARP)
+attention_prefill_256(const float* q, const __half* k_cache, const __half* v_cache, const int* slot_seg,
+                      const int* seg, float* out, const int* start_at, int n_tok, int n_heads, int n_kv_heads, int dk,
+                      int dv, float scale) {
+    follow_previous_kernel();
+    __shared__ __align__(16) unsigned char smem[sizeof(PrefillSmem<256>)];
+    attend_prefill<256>(q, k_cache, v_cache, slot_seg, seg, out, *start_at, n_tok, n_heads, n_kv_heads, scale,
+                        *reinterpret_cast<PrefillSmem<256>*>(smem));
 }

@@ -91,6 +91,7 @@ MATVEC_MAX_ROWS = 128
 MAX_BATCH = 512  # tokens per forward pass; the engine splits longer batches
 TOP_K_MAX = 256  # kernels/sampling.cu top_k
 PREFILL_ATTENTION_MIN_TOKENS = 64  # kernels/attention_prefill.cu, 64 queries a block: below this, the split kernel
+PREFILL_ATTENTION_WIDTHS = (64, 128, 256)  # its head widths (dk = dv; 256 a kernel of its own)
 # kernels/attention.cu below that: the cache's slots split over up to 64 blocks a (query, head), at
 # least 32 slots each, their partial softmaxes in a scratch that bounds the splits of a long batch
 ATTENTION_MAX_SPLITS, ATTENTION_SPLIT_SLOTS, ATTENTION_PARTIALS_BYTES = 64, 32, 4 << 20
@@ -908,8 +909,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         out = self._new(t, n_heads * dv)
         args = (q.ptr, cache.k[layer], cache.v[layer], cache.segments, self._segments,
                 out.ptr, self._start, t, n_heads, n_kv_heads, dk, dv, scale)
-        if t >= PREFILL_ATTENTION_MIN_TOKENS and dk == dv and dk in (64, 128):
-            dev.launch("attention_prefill", (-(-t // 64), n_heads), 128, args)
+        if t >= PREFILL_ATTENTION_MIN_TOKENS and dk == dv and dk in PREFILL_ATTENTION_WIDTHS:
+            dev.launch("attention_prefill_256" if dk == 256 else "attention_prefill", (-(-t // 64), n_heads), 128, args)
         else:  # decode and short batches: blocks per (query, head) split the slots
             # a decode step's grid is its bucket's (decode_slots), so that one captured graph replays at every
             # position of it and eager steps split alike; a short prompt splits the slots it reaches (16 tokens

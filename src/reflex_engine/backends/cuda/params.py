@@ -34,6 +34,7 @@ KERNELS = {
     "attention_cluster": "PPPPPPPiiiiifPPPP",
     "attention_group": "PPPPPPPiiiiifPPPP",
     "attention_prefill": "PPPPPPPiiiiif",
+    "attention_prefill_256": "PPPPPPPiiiiif",
     # delta_net.cu
     "sigmoid_gate_f32": "PPPqii",
     "gdn_gates_f32": "PPPPPPii",
