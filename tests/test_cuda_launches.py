@@ -517,12 +517,13 @@ def test_prompts_past_the_int16_passes_multiply_the_blocks_in_tiles_of_64_tokens
     GEMM_TILE_MIN_TOKENS tokens on, no f16 copy of the weights: the grid's x the token tiles of 64 (the tiles of
     one weight's rows run together, its bytes read once), y the groups of 128 rows, its two stages of x allowed in
     shared memory. A weight of fewer blocks than SMs takes, from sm_90 on, clusters of GEMM_TILE_SPLITS blocks
-    (grid z), each a share of the columns. Narrower rows keep gemm.cu, then the f16 copy (gemm_f16.cu), and so do
-    Q8_0's past GEMM_TILE_MAX_TOKENS."""
+    (grid z), each a share of the columns. Rows of 1,024 columns take them up to GEMM_TILE_NARROW_MAX_TOKENS (192),
+    then the f16 copy (gemm_f16.cu), as Q8_0's do past GEMM_TILE_MAX_TOKENS; rows of 512 keep gemm.cu, then the
+    f16 copy."""
     launched, allowed = recorded_launches(fake, monkeypatch, capability)
     # 20,000 rows: 157 groups of 128, past the fake's 132 SMs at one token tile
     shapes = [(GGMLType.Q4_K, 4096, 256), (GGMLType.Q6_K, 4096, 256), (GGMLType.Q8_0, 4096, 256),
-              (GGMLType.Q4_K, 4096, 20000), (GGMLType.Q4_K, 1024, 256)]
+              (GGMLType.Q4_K, 4096, 20000), (GGMLType.Q4_K, 1024, 256), (GGMLType.Q4_K, 512, 256)]
     ops = ops_module.CudaOps()
     ops.reserve([(t, (n_cols, n_rows)) for t, n_cols, n_rows in shapes], CacheShape(1, 16, 64, 64), activation_width=4 * 20000)
     weights = [ops.load_weight("w", t, (n_cols, n_rows), bytes(n_rows * n_cols // GGML_BLOCK[t][0] * GGML_BLOCK[t][1]))
@@ -530,7 +531,7 @@ def test_prompts_past_the_int16_passes_multiply_the_blocks_in_tiles_of_64_tokens
     ops.commit_weights()
     chosen = {}
     for (t, n_cols, n_rows), w in zip(shapes, weights):
-        for n_tok in (32, 33, 130, 300):
+        for n_tok in (32, 33, 130, 192, 193, 300):
             launched.clear()
             ops.matmul(ops.from_host(np.zeros((n_tok, n_cols), np.float32)), w)
             chosen[t.name, n_cols, n_rows, n_tok] = [(n, g, s) for n, g, s in launched if n.startswith("gemm")]
@@ -540,23 +541,39 @@ def test_prompts_past_the_int16_passes_multiply_the_blocks_in_tiles_of_64_tokens
         ("Q4_K", 4096, 256, 32): [("gemm_frag_q4_K", (8, 2), 0)],
         ("Q4_K", 4096, 256, 33): [(f"{tile}_q4_K", (1, 2, z), shared)],
         ("Q4_K", 4096, 256, 130): [(f"{tile}_q4_K", (3, 2, z), shared)],
+        ("Q4_K", 4096, 256, 192): [(f"{tile}_q4_K", (3, 2, z), shared)],
+        ("Q4_K", 4096, 256, 193): [(f"{tile}_q4_K", (4, 2, z), shared)],
         ("Q4_K", 4096, 256, 300): [(f"{tile}_q4_K", (5, 2, z), shared)],
         ("Q6_K", 4096, 256, 32): [("gemm_q6_K", (8, 1, 8), 0)],
         ("Q6_K", 4096, 256, 33): [(f"{tile}_q6_K", (1, 2, z), shared)],
         ("Q6_K", 4096, 256, 130): [(f"{tile}_q6_K", (3, 2, z), shared)],
+        ("Q6_K", 4096, 256, 192): [(f"{tile}_q6_K", (3, 2, z), shared)],
+        ("Q6_K", 4096, 256, 193): [(f"{tile}_q6_K", (4, 2, z), shared)],
         ("Q6_K", 4096, 256, 300): [(f"{tile}_q6_K", (5, 2, z), shared)],
         ("Q8_0", 4096, 256, 32): [("gemm_frag_q8_0", (8, 2), 0)],
         ("Q8_0", 4096, 256, 33): [(f"{tile}_q8_0", (1, 2, z), shared)],
         ("Q8_0", 4096, 256, 130): [(f"{tile}_q8_0", (3, 2, z), shared)],
+        ("Q8_0", 4096, 256, 192): [(f"{tile}_q8_0", (3, 2, z), shared)],
+        ("Q8_0", 4096, 256, 193): [(f"{tile}_q8_0", (4, 2, z), shared)],
         ("Q8_0", 4096, 256, 300): [("gemm_f16_64", (4, 5), 0)],
         ("Q4_K", 4096, 20000, 32): [("gemm_frag_q4_K", (625, 2), 0)],
         ("Q4_K", 4096, 20000, 33): [("gemm_tile_q4_K", (1, 157, 1), shared)],
         ("Q4_K", 4096, 20000, 130): [("gemm_tile_q4_K", (3, 157, 1), shared)],
+        ("Q4_K", 4096, 20000, 192): [("gemm_tile_q4_K", (3, 157, 1), shared)],
+        ("Q4_K", 4096, 20000, 193): [("gemm_tile_q4_K", (4, 157, 1), shared)],
         ("Q4_K", 4096, 20000, 300): [("gemm_tile_q4_K", (5, 157, 1), shared)],
         ("Q4_K", 1024, 256, 32): [("gemm_q4_K", (8, 1, 2), 0)],
-        ("Q4_K", 1024, 256, 33): [("gemm_q4_K", (8, 2, 2), 0)],
-        ("Q4_K", 1024, 256, 130): [("gemm_f16_64", (4, 3), 0)],
+        ("Q4_K", 1024, 256, 33): [(f"{tile}_q4_K", (1, 2, z), shared)],
+        ("Q4_K", 1024, 256, 130): [(f"{tile}_q4_K", (3, 2, z), shared)],
+        ("Q4_K", 1024, 256, 192): [(f"{tile}_q4_K", (3, 2, z), shared)],
+        ("Q4_K", 1024, 256, 193): [("gemm_f16_64", (4, 4), 0)],
         ("Q4_K", 1024, 256, 300): [("gemm_f16_64", (4, 5), 0)],
+        ("Q4_K", 512, 256, 32): [("gemm_q4_K", (8, 1, 1), 0)],
+        ("Q4_K", 512, 256, 33): [("gemm_q4_K", (8, 2, 1), 0)],
+        ("Q4_K", 512, 256, 130): [("gemm_f16_64", (4, 3), 0)],
+        ("Q4_K", 512, 256, 192): [("gemm_f16_64", (4, 3), 0)],
+        ("Q4_K", 512, 256, 193): [("gemm_f16_64", (4, 4), 0)],
+        ("Q4_K", 512, 256, 300): [("gemm_f16_64", (4, 5), 0)],
     }
     most = driver.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     assert (f"{tile}_q4_K", most, shared) in allowed and ("gemm_tile_q4_K", most, shared) in allowed

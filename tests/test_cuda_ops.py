@@ -154,14 +154,16 @@ def test_fragment_gemm_rounds_only_x_to_f16(gpu, qtype):
 
 
 @pytest.mark.parametrize("qtype,n_cols", [(t, 4352) for t in GEMM_TILE_TYPES]
-                         + [(t, 4224) for t in GEMM_TILE_TYPES if GGML_BLOCK[t][0] == 32])
+                         + [(t, 4224) for t in GEMM_TILE_TYPES if GGML_BLOCK[t][0] == 32]
+                         + [(GGMLType.Q4_K, 1024), (GGMLType.Q6_K, 1280)])
 def test_long_prompts_multiply_the_blocks_themselves(monkeypatch, qtype, n_cols):
     """From GEMM_TILE_MIN_TOKENS tokens on, Q4_K, Q6_K, Q8_0 and Q5_0 rows take kernels/gemm_tile.cu, no f16 copy of
     the weights: each lane makes its rows' weights f16 itself (the quants exact, d·sc and dmin·m rounded to f16), x
     rounded to f16. Against the reference on x rounded so, what is left is the weights' rounding, as gemm_f16.cu's
     copy has it. 300 rows: two blocks of 128 and a partial one; 65 and 130 tokens: a partial token tile; 17
     superblocks a row: an odd one last, in the second of the two stages, or (4,224 columns, Q8_0 and Q5_0) 16 and
-    a half, its half's other X columns zeros. A launch of few blocks takes clusters of GEMM_TILE_SPLITS, each a
+    a half, its half's other X columns zeros; rows narrower than MMA_MIN_COLS (4 and 5 superblocks: a split's one or
+    two) take them up to GEMM_TILE_NARROW_MAX_TOKENS. A launch of few blocks takes clusters of GEMM_TILE_SPLITS, each a
     share of the 17 (4, 4, 4, 5; the half in the last), the first adding the others' sums: the same product to
     float32 rounding, the same bits on every call. In either form a weight's product is its own launch's bits when
     another weight (200 rows) shares the launch."""

@@ -66,8 +66,8 @@ GEMM_FRAG_TYPES = (GGMLType.Q4_K, GGMLType.Q8_0)
 GEMM_FRAG_ROWS, GEMM_FRAG_TOKENS, GEMM_FRAG_WARPS = 32, 16, 8
 # kernels/gemm_tile.cu: prompts of GEMM_TILE_MIN_TOKENS or more on tensor cores straight from these types' blocks,
 # 32 rows a warp by 64 tokens a block, x as f16 staged in GEMM_TILE_STAGES stages of 256 columns, for rows of at
-# least MMA_MIN_COLS columns (tile_fits); other types, and narrower rows, keep the short-prompt GEMMs and the f16
-# copy (F16_GEMM_MIN_TOKENS). On sm_90+ a weight whose blocks number under GEMM_TILE_SPLIT_BLOCKS_AN_SM an SM takes
+# least MMA_MIN_COLS columns (tile_fits; narrower ones up to GEMM_TILE_NARROW_MAX_TOKENS); other types, and narrower
+# rows past that, keep the short-prompt GEMMs and the f16 copy (F16_GEMM_MIN_TOKENS). On sm_90+ a weight whose blocks number under GEMM_TILE_SPLIT_BLOCKS_AN_SM an SM takes
 # clusters of GEMM_TILE_SPLITS blocks, each a share of the columns (gemm_tile_split_*)
 GEMM_TILE_TYPES = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q5_0)
 GEMM_TILE_WARPS, GEMM_TILE_TOKENS, GEMM_TILE_STAGES, GEMM_TILE_SPLITS = 4, 64, 2, 4
@@ -80,6 +80,12 @@ GEMM_TILE_MIN_TOKENS = 33
 # and past ~330 tokens the f16 copy costs less (8B Q8_0 prefill, ms, tile / f16 copy: 128 tokens 20.0 / 35.7, 512
 # 60.1 / 46.2; docs/perf-notes.md run 27)
 GEMM_TILE_MAX_TOKENS = {GGMLType.Q8_0: 256}
+# and rows narrower than MMA_MIN_COLS (of 256 · GEMM_TILE_SPLITS columns or more: a split's superblock each) up to
+# here, past which the f16 copy, dequantized once a pass, costs less. H200, Q4_K_M prompts, tok/s, the tile against
+# gemm.cu (up to 127 tokens) or the f16 copy: Qwen3-0.6B 64 tokens 21,627 / 18,718, 128 35,390 / 27,301, 192 45,193
+# / 37,946, 256 51,003 / 47,857, 512 ~72,300 / ~77,700; Qwen3.5-0.8B 128 18,814 / 17,172, 192 23,722 / 22,863, 256
+# 27,035 / 27,977 (docs/perf-notes.md run 30)
+GEMM_TILE_NARROW_MAX_TOKENS = 192
 # up to here a matrix of at most MATVEC_MAX_ROWS rows takes int16 passes of 8 tokens (wider ones
 # take the GEMMs past one pass): the int16 scratch holds this many tokens
 MATVEC_PASSES_MAX_TOKENS = 32
@@ -174,13 +180,13 @@ def decode_slots(start: int) -> int:
 def token_class(n_tok: int) -> int:
     """Token counts that CudaOps._path tells apart alike: 1, up to a pass of the matvecs, up to their
     int16 scratch, then by the side of each prompt GEMM's bounds they lie on (GEMM_TILE_MIN_TOKENS,
-    F16_GEMM_MIN_TOKENS, GEMM_TILE_MAX_TOKENS)."""
+    F16_GEMM_MIN_TOKENS, GEMM_TILE_MAX_TOKENS, GEMM_TILE_NARROW_MAX_TOKENS)."""
     if n_tok == 1:
         return 1
     if n_tok <= MATVEC_PASSES_MAX_TOKENS:
         return 2 if n_tok <= MATVEC_MAX_TOKENS else 3
     return 4 + (n_tok >= GEMM_TILE_MIN_TOKENS) + 2 * (n_tok >= F16_GEMM_MIN_TOKENS) \
-        + 4 * sum(n_tok > most for most in GEMM_TILE_MAX_TOKENS.values())
+        + 4 * sum(n_tok > most for most in (*GEMM_TILE_MAX_TOKENS.values(), GEMM_TILE_NARROW_MAX_TOKENS))
 
 
 class Group(NamedTuple):
@@ -677,9 +683,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
             # a weight wider than reserve planned the int16 scratch for keeps the float kernel, as do passes past 32 tokens
             x16 = weight.ggml_type in X16_MATVEC_TYPES and n_cols <= self._x16_width and x.rows <= MATVEC_PASSES_MAX_TOKENS
             return "x16" if x16 else "float"
+        wide_enough = n_cols >= MMA_MIN_COLS or (n_cols >= 256 * GEMM_TILE_SPLITS and x.rows <= GEMM_TILE_NARROW_MAX_TOKENS)
         if GEMM_TILE_MIN_TOKENS <= x.rows <= GEMM_TILE_MAX_TOKENS.get(weight.ggml_type, MAX_BATCH) \
-                and tile_fits(weight.ggml_type, n_cols) and n_cols >= MMA_MIN_COLS \
-                and 2 * x.rows * n_cols <= self._xh_bytes:
+                and tile_fits(weight.ggml_type, n_cols) and wide_enough and 2 * x.rows * n_cols <= self._xh_bytes:
             blocks = -(-n_rows // GEMM_TILE_ROWS) * -(-x.rows // GEMM_TILE_TOKENS)  # the weight's own: split alike in any launch
             return "tile_split" if self._sm90 and blocks < GEMM_TILE_SPLIT_BLOCKS_AN_SM * self.device.info.multiprocessors else "tile"
         if x.rows >= F16_GEMM_MIN_TOKENS and 2 * n_cols <= self._w16_bytes and 2 * x.rows * n_cols <= self._xh_bytes:
