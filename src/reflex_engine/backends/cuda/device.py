@@ -70,6 +70,7 @@ class Device:
             raise ReflexError(f"cannot load the CUDA kernels ({self.image.kind} {self.image.arch}) on "
                               f"{self.info.name} (sm_{self._sm}): {e}") from None
         self._functions: dict[str, Any] = {}
+        self._shared_allowed: dict[str, int] = {}  # allow_shared's, by kernel
         self._kernels: dict[str, Kernel] = {}
         self._args = (ctypes.c_uint64 * (ARGS_BYTES // 8))()  # a launch's packed arguments
         self._config = self._launch_config()
@@ -117,7 +118,11 @@ class Device:
 
     def allow_shared(self, name: str, nbytes: int) -> None:
         """Let kernel `name` take nbytes of dynamic shared memory a block (past 48 KB a kernel must be
-        allowed), the SMs' L1 and shared memory split as far towards shared memory as it goes."""
+        allowed), the SMs' L1 and shared memory split as far towards shared memory as it goes. Once a kernel: the
+        callers ask at each launch, and a prompt pass would make two driver calls a layer."""
+        if self._shared_allowed.get(name, -1) >= nbytes:
+            return
+        self._shared_allowed[name] = nbytes
         fn = self.function(name)
         self.drv.cuFuncSetAttribute(fn, cu.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
         self.drv.cuFuncSetAttribute(fn, cu.FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
