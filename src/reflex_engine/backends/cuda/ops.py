@@ -64,11 +64,12 @@ GEMM_BLOCKS_AN_SM, GEMM_MAX_SPLITS = 2, 8
 # tokens a block, a warp per 256 columns of its rows, at most GEMM_FRAG_WARPS
 GEMM_FRAG_TYPES = (GGMLType.Q4_K, GGMLType.Q8_0)
 GEMM_FRAG_ROWS, GEMM_FRAG_TOKENS, GEMM_FRAG_WARPS = 32, 16, 8
-# kernels/gemm_tile.cu: prompts of GEMM_TILE_MIN_TOKENS or more on tensor cores straight from these types' blocks,
-# 32 rows a warp by 64 tokens a block, x as f16 staged in GEMM_TILE_STAGES stages of 256 columns, for rows of at
-# least MMA_MIN_COLS columns (tile_fits; narrower ones up to GEMM_TILE_NARROW_MAX_TOKENS); other types, and narrower
-# rows past that, keep the short-prompt GEMMs and the f16 copy (F16_GEMM_MIN_TOKENS). On sm_90+ a weight whose blocks number under GEMM_TILE_SPLIT_BLOCKS_AN_SM an SM takes
-# clusters of GEMM_TILE_SPLITS blocks, each a share of the columns (gemm_tile_split_*)
+# kernels/gemm_tile.cu: prompts of GEMM_TILE_MIN_TOKENS or more on tensor cores straight from these types' blocks, 32
+# rows a warp by 64 tokens a block, x as f16 staged in GEMM_TILE_STAGES stages of 256 columns, for rows of at least
+# MMA_MIN_COLS columns (tile_fits; narrower ones up to GEMM_TILE_NARROW_MAX_TOKENS); other types, and narrower rows
+# past that, keep the short-prompt GEMMs and the f16 copy (F16_GEMM_MIN_TOKENS). On sm_90+ a weight whose blocks
+# number under GEMM_TILE_SPLIT_BLOCKS_AN_SM an SM takes clusters of GEMM_TILE_SPLITS blocks, each a share of the
+# columns (gemm_tile_split_*)
 GEMM_TILE_TYPES = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q5_0)
 GEMM_TILE_WARPS, GEMM_TILE_TOKENS, GEMM_TILE_STAGES, GEMM_TILE_SPLITS = 4, 64, 2, 4
 GEMM_TILE_ROWS, GEMM_TILE_SHARED = 32 * GEMM_TILE_WARPS, GEMM_TILE_STAGES * GEMM_TILE_TOKENS * 256 * 2
