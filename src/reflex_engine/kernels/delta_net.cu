@@ -250,7 +250,7 @@ delta_rule_chunk_prep(const float* q, const float* k, const float* v, const floa
 // The chunked form's scan: SCAN_COLUMNS columns of a value head's state a block, through the batch's chunks in
 // turn. Per chunk, with S0 the state at its start and c_L its last cumulative log-decay:
 //   D = U - W S0;  o = exp(c) (Q S0) + QK D;  S = exp(c_L) S0 + (exp(c_L - c) K)^T D.
-// A thread takes one column and SCAN_ROWS_A_THREAD rows (tokens, or for S the state's rows) at once, each row's
+// A thread takes one column and TOK_ROWS rows (tokens; for S, DK_ROWS of the state's rows) at once, each row's
 // sum over the inner index in order: its chains run side by side and share each load of the other operand (a row
 // at a time, the loops' latency and two shared loads an FMA bounded the kernel: 388 us a launch on a 512-token
 // Qwen3.5 prompt). The chunk's (n, dk) operand rows are dk + 1 floats apart: a warp's two rows in distinct banks.
