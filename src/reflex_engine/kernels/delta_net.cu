@@ -10,7 +10,9 @@
 #define CONV_MAX_TAPS 8
 #define DELTA_MAX_DK 128  // the key head width the kernels hold per column (Qwen3.5 and Qwen3-Next: 128)
 #define CHUNK_MAX 64      // tokens a chunk of the chunked form
-#define SCAN_COLUMNS 16   // value columns a block of delta_rule_chunk_scan carries through the chunks
+// value columns a block of delta_rule_chunk_scan carries through the chunks: with 8, Qwen3.5-0.8B's 16 value heads
+// are 256 blocks, two an SM, each half 16's math (512-token prompts +4%; 4, four an SM, -9%: docs/perf-notes.md run 31)
+#define SCAN_COLUMNS 8
 
 __device__ __forceinline__ float sigmoid_rn(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
 
@@ -259,7 +261,7 @@ delta_rule_chunk_prep(const float* q, const float* k, const float* v, const floa
 // (241 us a launch before, run 30).
 // LAUNCH: block SCAN_THREADS, grid = (H, ceil(dv / SCAN_COLUMNS)); dk <= DELTA_MAX_DK, chunk <= CHUNK_MAX.
 #define SCAN_THREADS 256
-#define SCAN_ROW_STEP (SCAN_THREADS / SCAN_COLUMNS)  // 16 rows side by side, a thread every 16th
+#define SCAN_ROW_STEP (SCAN_THREADS / SCAN_COLUMNS)  // 32 rows side by side, a thread every 32nd
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
 delta_rule_chunk_scan(const float* q, const float* k, const float* w, const float* u, const float* qk, const float* cum,
                       float* state, float* out, int n_tok, int n_heads, int k_heads, int dk, int dv, int tiled,

@@ -14,7 +14,7 @@ from ...errors import ReflexError
 from ...gguf import GGMLType
 from ...ops import Batch, RecurrentShape
 
-CONV_MAX_TAPS, DELTA_MAX_DK, CHUNK, SCAN_COLUMNS, PREP_THREADS = 8, 128, 64, 16, 512  # kernels/delta_net.cu
+CONV_MAX_TAPS, DELTA_MAX_DK, CHUNK, SCAN_COLUMNS, PREP_THREADS = 8, 128, 64, 8, 512  # kernels/delta_net.cu
 
 
 class RecurrentState(NamedTuple):
