@@ -8,6 +8,7 @@
 # .variants/NAME, and writes the probe's arguments for that image (default: none) to its probe_args.
 # --python: the variant is the whole package (REV's Python with FILE applied, its image inside, ~3.5 MB):
 # for changes to the host code too, or to run HEAD's tree beside a working tree that changed both.
+# tools/ab_bench.sh runs `reflex bench` on such packages beside the working tree, a-b-a-b.
 # Carry .variants with the call (`carry`), and keep .variants/ in .git/info/exclude.
 set -euo pipefail
 cd "$(dirname "$0")/.."
