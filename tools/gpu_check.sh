@@ -5,7 +5,8 @@
 #               the GPU tests (GPU_TESTS adds files); CHECK=1 adds `reflex check --device cuda` on
 #               every golden fixture
 #   BENCH=1     random Qwen3-0.6B- and 8B-shaped files (QUANTS: q4_k_m q8_0), `reflex bench` on each
-#               and llama.cpp's llama-bench on the same files, after llama.cpp is built
+#               and llama.cpp's llama-bench on the same files, after llama.cpp is built: bench/warm.py's tables
+#               ($OUT/warm/table.md, both engines' figures in raw.json)
 #   COLD=1      the cold-start harness (bench/cold_start.py) beside the floor and llama.cpp, with the
 #               structured-extraction rows on 0.6B (--json-schema, llama.cpp with its JSON-schema grammar)
 #   WITH_LLAMA=0  BENCH and COLD without llama.cpp, so without its build; COLD_LLAMA=0 COLD alone without it
@@ -221,21 +222,18 @@ if [ "${PROBE:-0}" = 1 ]; then  # fresh processes of the clean venv's python3 be
     done
 fi
 
-if [ "${BENCH:-0}" = 1 ]; then
+if [ "${BENCH:-0}" = 1 ]; then  # bench/warm.py: reflex bench and llama-bench on each file, one table with the ratios
     wait_peer
+    files=
     for quant in $QUANTS; do
         for shape in $SHAPES; do
             q4_only $shape && [ "$quant" != q4_k_m ] && continue
-            f=$(model_file $shape $quant)
-            [ "$(elapsed)" -gt $(( END - 90 )) ] && { echo "bench: no time left for $shape $quant"; continue; }
-            echo "## $shape $quant at $(elapsed) s" | tee -a "$LOG"
-            reflex bench "$f" --device cuda --runs 3 2>&1 | tee -a "$LOG"
-            if [ "${WITH_LLAMA:-1}" = 1 ] && [ -x $LLAMA/llama-bench ]; then  # prefill from an empty context; decode after 128 and 4,096 tokens
-                $LLAMA/llama-bench -m "$f" -ngl 99 -p 16,128,512,2048 -n 0 -r 3 -o md 2>&1 | grep -E "^\|" | tee -a "$LOG"
-                $LLAMA/llama-bench -m "$f" -ngl 99 -p 0 -n 64 -d 128,4096 -r 3 -o md 2>&1 | grep -E "tg" | tee -a "$LOG"
-            fi
+            files="$files $shape-$quant=$(model_file $shape $quant)"
         done
     done
+    llama=; [ "${WITH_LLAMA:-1}" = 1 ] && [ -x $LLAMA/llama-bench ] && llama="--llama-bench $LLAMA/llama-bench"
+    echo "## warm tables from $(elapsed) s" | tee -a "$LOG"
+    python3 bench/warm.py $files $llama --runs 3 --out "$OUT/warm" --deadline-s $(( END - $(elapsed) - 90 )) 2>&1 | tee -a "$LOG"
 fi
 
 if [ "${COLD:-0}" = 1 ]; then
