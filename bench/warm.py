@@ -133,6 +133,14 @@ def tables(results: list[tuple[str, dict]]) -> str:
     return text + ("\n\nFailed:\n" + "\n".join(errors) if errors else "") + "\n"
 
 
+def write(out: str, results: list[tuple[str, dict]]) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(tables(results))
+    with open(os.path.join(out, "raw.json"), "w") as f:
+        json.dump([r for _, r in results], f, indent=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", metavar="[NAME=]FILE")
@@ -158,14 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         results.append((name, bench_file(path, device=args.device, runs=args.runs, llama_bench=args.llama_bench,
                                           ctx_size=args.ctx_size)))
         print(f"warm: {name} done at {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
-    text = tables(results)
-    print(text, end="")
+        if args.out:  # after each file: a call cut short keeps what it measured
+            write(args.out, results)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "table.md"), "w") as f:
-            f.write(text)
-        with open(os.path.join(args.out, "raw.json"), "w") as f:
-            json.dump([r for _, r in results], f, indent=1)
+        write(args.out, results)
+    print(tables(results), end="")
     return 1 if any(r.get("reflex_error") for _, r in results) else 0
 
 

@@ -150,3 +150,12 @@ def test_llama_bench_entries_become_prefill_and_decode_figures():
     entries = [dict(n_prompt=512, n_gen=0, n_depth=0, avg_ts=9000.5), dict(n_prompt=0, n_gen=64, n_depth=4096, avg_ts=238.4),
                dict(n_prompt=0, n_gen=64, n_depth=128, avg_ts=257.0)]
     assert warm.llama_figures(entries) == warm.Figures({512: 9000.5}, {4096: 238.4, 128: 257.0})
+
+
+def test_warm_table_starts_no_file_past_its_deadline(tmp_path):
+    proc = subprocess.run([sys.executable, WARM, f"a={MODEL}", f"b={MODEL}", "--device", "cpu", "--deadline-s", "0",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1  # nothing measured is a failure gpu_check's log shows, not a silent empty table
+    failed = proc.stdout.split("Failed:\n")[1].splitlines()
+    assert failed == ["- a: not run: past the deadline", "- b: not run: past the deadline"]
+    assert (tmp_path / "table.md").read_text() == proc.stdout and json.loads((tmp_path / "raw.json").read_text())[1]["file"] == MODEL
