@@ -3,9 +3,9 @@ after a prompt of each --contexts' length (the cache as `reflex bench` sizes it)
 switched off by name
 (cuGraphNodeSetEnabled): all on, each name off alone, only the matvecs on, only the rest on; with --places, each
 matvec's place instead of its name alone (its grid and the kernel before it: o after attention, down after SwiGLU). A
-switched-off kernel leaves its outputs stale, so later kernels compute on garbage; what they read and
-how long they take do not depend on the values (no kernel here branches on them but attention's
-masks, which read the step's ints, untouched).
+switched-off kernel leaves its outputs stale, so later kernels compute on garbage; on dense models what they read and
+how long they take do not depend on the values (no kernel branches on them but attention's masks, which read the
+step's ints, untouched). A MoE router does: there the per-name rows move which experts run (the output says so).
 
     PYTHONPATH=src python3 tools/probe_graph_nodes.py MODEL [--replays 200] [--places] [--contexts 128,4096]
 
@@ -118,6 +118,9 @@ def probe(model, context: int, args) -> None:
     full = step_us(lambda name: False)
     print(f"## {args.model}: a decode step at a {context}-token context, {len(nodes)} kernel nodes, {full:.1f} us a replay "
           f"({1e6 / full:.0f} tok/s)\n")
+    if model.config.n_expert:
+        print("Experts: the router reads what a switched-off kernel left stale, so other experts run; a row that switches\n"
+              "off anything before a router moves the experts' bytes too (run 31: SwiGLU off made a DeepSeek step slower).\n")
     print("| kernels switched off | nodes | us a step | saved us | saved a node |\n|---|---|---|---|---|")
     rows = [(name, lambda n, name=name: n == name, counts[name]) for name in sorted(counts)]
     rows += [("all but the matvecs", lambda n: not matvec(n), sum(c for n, c in counts.items() if not matvec(n))),
