@@ -10,7 +10,7 @@ context (-p 16,128,512,2048 -n 0) and 64 generated tokens after 128 and 4,096 to
 128,4096), all layers on the GPU, N repetitions. Prints the table of tok/s, Reflex / llama.cpp (ratio; bold
 where Reflex is ahead), and a second one of what llama-bench does not measure: decode's share of the copy
 bandwidth, its per-token p50/p99, device memory. --out DIR also writes DIR/table.md and DIR/raw.json (both
-engines' output as read). A failed run leaves its cells empty and its error under the tables. -c: reflex bench's
+engines' output as read). A failed run leaves '-' in its cells and its error under the tables. -c: reflex bench's
 context length (its default fits every figure). --deadline-s: no file starts after S seconds (the table says
 which did not run). Needs the engine importable (PYTHONPATH=src).
 """
@@ -78,11 +78,12 @@ def speed_table(rows: list[tuple[str, Figures | None, Figures | None]]) -> str:
 
 def decode_table(reports: list[tuple[str, dict | None]]) -> str:
     """Reflex's decode beyond tokens/s: the weight bytes a token reads over the measured device copy, and latency."""
-    lines = ["| file | weights a token | device copy | decode at 128: share of the copy, p50 / p99 | at 4,096 | device memory |",
-             "|---|---|---|---|---|---|"]
+    at_head = [f"decode at {c:,}: share of the copy, p50 / p99" for c in CONTEXTS]
+    lines = ["| file | weights a token | device copy | " + " | ".join(at_head) + " | device memory |",
+             "|---" * (len(CONTEXTS) + 4) + "|"]
     for name, r in reports:
         if r is None:
-            lines.append(f"| {name} | | | | | |")
+            lines.append(f"| {name} |" + " |" * (len(CONTEXTS) + 3))
             continue
         copy = f"{r['copy_bytes_per_s'] / 1e12:.2f} TB/s" if r["copy_bytes_per_s"] else ""
         at = []
@@ -91,7 +92,7 @@ def decode_table(reports: list[tuple[str, dict | None]]) -> str:
             share = f"{d['bandwidth_fraction']:.1%}, " if d and d["bandwidth_fraction"] is not None else ""
             at.append(f"{share}{d['p50_ms']:.2f} / {d['p99_ms']:.2f} ms" if d else "")
         memory = f"{r['device_bytes_reserved'] / 1e9:.2f} GB" if r["device_bytes_reserved"] is not None else ""
-        lines.append(f"| {name} | {r['weight_bytes_per_token'] / 1e9:.3f} GB | {copy} | {at[0]} | {at[1]} | {memory} |")
+        lines.append(f"| {name} | {r['weight_bytes_per_token'] / 1e9:.3f} GB | {copy} | " + " | ".join(at) + f" | {memory} |")
     return "\n".join(lines)
 
 
@@ -162,14 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, path in named:
         if args.deadline_s is not None and time.monotonic() - start > args.deadline_s:
             results.append((name, {"file": path, "reflex_error": "not run: past the deadline"}))
-            continue
-        results.append((name, bench_file(path, device=args.device, runs=args.runs, llama_bench=args.llama_bench,
-                                          ctx_size=args.ctx_size)))
-        print(f"warm: {name} done at {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+        else:
+            results.append((name, bench_file(path, device=args.device, runs=args.runs, llama_bench=args.llama_bench,
+                                              ctx_size=args.ctx_size)))
+            print(f"warm: {name} done at {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
         if args.out:  # after each file: a call cut short keeps what it measured
             write(args.out, results)
-    if args.out:
-        write(args.out, results)
     print(tables(results), end="")
     return 1 if any(r.get("reflex_error") for _, r in results) else 0
 
