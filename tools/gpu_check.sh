@@ -26,7 +26,8 @@
 #               and its SASS with each line's stall samples, $OUT/ncu-source-KERNEL.csv.gz
 #   LAUNCH_PROBE=1  tools/probe_launch_shapes.py on each MAIN_SHAPES file of QUANTS (LAUNCH_PROBE_ARGS): weights a
 #               launch and the short-prompt GEMM's column splits against decode and prefill 16 and 64
-#   PROBES="tools/probe_graph_nodes.py ..."  each of those tools on each MAIN_SHAPES Q4_K_M file: probe_graph_nodes (a
+#   PROBES="tools/probe_graph_nodes.py ..."  each of those tools on each MAIN_SHAPES Q4_K_M file: probe_timeline (a decode
+#               step's critical path from CUPTI's kernel times), probe_graph_nodes (a
 #               replayed decode step at 128 and 4,096 tokens of context with kernels switched off by name), probe_gemm_crossover (prompt passes through either
 #               GEMM), probe_prompt_graphs, probe_decode_ahead (GRAPH_NODES=1 and CROSSOVER=1 before run 12)
 #   VARIANTS=1  tools/probe_launch_shapes.py (the image's probe_args file, else VARIANT_ARGS) on each MAIN_SHAPES Q4_K_M

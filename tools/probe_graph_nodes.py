@@ -74,10 +74,11 @@ def main() -> None:
         probe(model, context, args)
 
 
-def probe(model, context: int, args) -> None:
-    """The table of a decode step after a prompt of `context` tokens."""
+def captured_step(model, context: int):
+    """(graph exec, graph, [(node, kernel name, gridDim.x)]) of the decode step after a prompt of `context` tokens,
+    the graph kept from the engine (the caller destroys it)."""
     dev = model.ops.device
-    drv, lib, stream = dev.drv, dev.drv._lib, dev.stream
+    drv = dev.drv
     kept = []
     destroy = drv.cuGraphDestroy
     drv.cuGraphDestroy = kept.append  # the engine destroys the graph once instantiated: keep it
@@ -89,7 +90,15 @@ def probe(model, context: int, args) -> None:
     # the decode step's: the generation's last pass replayed it, and its capture is the one this prompt made
     exec_, graph = model._forward.graphs[next(reversed(model._forward.graphs))]._exec, kept[-1]
     names_of = {fn.value: name for name, fn in dev._functions.items()}
-    nodes = kernel_nodes(lib, graph, names_of)
+    return exec_, graph, kernel_nodes(drv._lib, graph, names_of)
+
+
+def probe(model, context: int, args) -> None:
+    """The table of a decode step after a prompt of `context` tokens."""
+    dev = model.ops.device
+    drv, lib, stream = dev.drv, dev.drv._lib, dev.stream
+    exec_, graph, nodes = captured_step(model, context)
+    destroy = drv.cuGraphDestroy
     nodes = places(nodes) if args.places else [(node, name) for node, name, _ in nodes]
     counts = Counter(name for _, name in nodes)
     start, end = c_void_p(), c_void_p()
