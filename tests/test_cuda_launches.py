@@ -294,11 +294,15 @@ def test_a_norm_between_one_tokens_matvecs_is_theirs(fake):
 
 def test_the_int16_matvec_writes_a_norms_share_only_in_one_wave_of_blocks(fake):
     """matvec_x16_1's blocks of 4 rows each take a ticket for their group (a fence): past the blocks the SMs hold
-    at once (ops.X16_DECODE_BLOCKS_AN_SM, 6 on the fake's 132) that held the next wave back, so a wider product
-    leaves its norm to a launch of its own; the tensor-core kernels hold whole groups and take no tickets."""
-    fake()
+    at once (its launch bounds: 6 an SM, 8 for Q8_0, on the fake's 132) that held the next wave back, so a wider
+    product leaves its norm to a launch of its own. Q6_K launches that fit at 8 and not at 6 take a twin kernel of
+    8 an SM; the tensor-core kernels hold whole groups and take no tickets."""
+    lib = fake()
     ops = ops_module.CudaOps()
-    shapes = [(GGMLType.Q8_0, 4096, 3168), (GGMLType.Q8_0, 4096, 3200), (GGMLType.Q4_K, 4096, 4096)]  # 792 blocks, 800
+    shapes = [(GGMLType.Q5_K, 4096, 3168), (GGMLType.Q5_K, 4096, 3200),  # 792 blocks, 800
+              (GGMLType.Q8_0, 4096, 4224), (GGMLType.Q8_0, 4096, 4256),  # 1,056, 1,064
+              (GGMLType.Q6_K, 4096, 3168), (GGMLType.Q6_K, 4096, 4224), (GGMLType.Q6_K, 4096, 4256),
+              (GGMLType.Q4_K, 4096, 4096)]
     ops.reserve([(t, (n_cols, n)) for t, n_cols, n in shapes] + [(GGMLType.F32, (n,)) for _, _, n in shapes],
                 CacheShape(1, 16, 64, 64), activation_width=65536)
     weights = [ops.load_weight("w", t, (n_cols, n), bytes(n * n_cols // GGML_BLOCK[t][0] * GGML_BLOCK[t][1]))
@@ -306,12 +310,15 @@ def test_the_int16_matvec_writes_a_norms_share_only_in_one_wave_of_blocks(fake):
     norms = [ops.load_weight("n", GGMLType.F32, (n,), np.ones(n, np.float32).tobytes()) for _, _, n in shapes]
     ops.commit_weights()
     x = ops.from_host(np.ones((1, 4096), np.float32))
-    fused = []
+    fused, kernels = [], []
     for w, norm in zip(weights, norms):
         residual = ops.from_host(np.ones((1, w.n_rows), np.float32))
+        lib.launches = []
         fused.append(type(ops.rms_norm(ops.matmul(x, w, add=residual), norm, 1e-6)) is ops_module.NormedTensor)
         ops.device.release()
-    assert fused == [True, False, True]
+        kernels.append(next(name for name, *_ in lib.launches if name.startswith("matvec")))
+    assert fused == [True, False, True, False, True, True, False, True]
+    assert kernels[4:7] == ["matvec_x16_1_q6_K", "matvec_x16_1w_q6_K", "matvec_x16_1_q6_K"]
 
 
 def test_a_norm_whose_output_something_else_reads_first_runs_as_it_is(fake):

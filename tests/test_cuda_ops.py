@@ -272,14 +272,16 @@ def test_ops_that_feed_a_matvec_leave_it_their_int16_blocks_bit_for_bit(gpu):
             np.testing.assert_array_equal(got, want, err_msg=f"{op}, {n_tok} tokens")
 
 
-@pytest.mark.parametrize("qtype,width,n_ff", [("Q4_K", 1024, 512), ("Q6_K", 1024, 768), ("Q8_0", 512, 1024), ("Q4_K", 4096, 4096)],
-                         ids=["q4_K", "q6_K", "q8_0", "tensor-cores"])
+@pytest.mark.parametrize("qtype,width,n_ff", [("Q4_K", 1024, 512), ("Q6_K", 1024, 768), ("Q8_0", 512, 1024), ("Q4_K", 4096, 4096),
+                                             ("Q6_K", 4096, 512)],
+                         ids=["q4_K", "q6_K", "q8_0", "tensor-cores", "q6_K-eight-an-sm"])
 def test_a_norm_between_one_tokens_matvecs_is_theirs_within_int16_rounding(gpu, qtype, width, n_ff):
     """down (n_ff -> width, the residual summed in), the norm of its product, then gate and up (two types:
     two launches) in a one-token pass: down writes the int16 blocks of y∘w and each group's sum of squares
     (kernels/x16.cuh NormOut), gate and up scale their sums by the norm's. Their products are the
     reference's norm then matvec to int16 rounding, as the norm's launch gives them; y is the same bits,
-    and the norm's float values, when they are read, are norm_f32's own."""
+    and the norm's float values, when they are read, are norm_f32's own. A Q6_K down of 4,096 rows (1,024
+    blocks) fits an H200's SMs only at 8 blocks an SM: its twin kernel (matvec_x16_1w_q6_K) makes it."""
     down, gate, up = both(gpu, qtype, width, n_ff), both(gpu, qtype, n_ff, width), both(gpu, "Q4_K", n_ff, width)
     norm = rng.standard_normal(width).astype(np.float32)
     norm_gpu = loaded(gpu, "n", GGMLType.F32, (width,), norm.tobytes())
@@ -294,6 +296,8 @@ def test_a_norm_between_one_tokens_matvecs_is_theirs_within_int16_rounding(gpu, 
                 normed = gpu.rms_norm(y, norm_gpu, 1e-6)
                 products = [gpu.to_host(p) for p in gpu.matmuls(normed, [gate[1], up[1]])]
                 assert ("norm_f32" in launched) != fused, fused
+                twin = 6 * gpu.device.info.multiprocessors < width // 4 <= 8 * gpu.device.info.multiprocessors
+                assert ("matvec_x16_1w_q6_K" in launched) == (qtype == "Q6_K" and twin)
                 runs[fused] = products, gpu.to_host(normed), gpu.to_host(y)
         finally:
             gpu.fuse_norms = True

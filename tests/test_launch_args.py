@@ -34,6 +34,7 @@ SHARED_CONSTANTS = {
     ("ops", "MATVEC_MAX_TOKENS"): [("matvec.cu", "MATVEC_MAX_TOKENS"), ("matvec_x16.cu", "X16_MAX_TOKENS")],
     ("ops", "X16_DECODE_ROWS"): [("matvec_x16.cu", "X16_DECODE_ROWS")],
     ("ops", "X16_DECODE_BLOCKS_AN_SM"): [("matvec_x16.cu", "X16_DECODE_BLOCKS_AN_SM")],
+    ("ops", "X16_DECODE_BLOCKS_AN_SM_64R"): [("matvec_x16.cu", "X16_DECODE_BLOCKS_AN_SM_64R")],
     ("ops", "X16_MMA_ROWS"): [("matvec_x16_mma.cu", "XM_ROWS")],
     ("ops", "X16_MMA_WARPS"): [("matvec_x16_mma.cu", "XM_WARPS")],
     ("ops", "X16_BULK_STAGES"): [("matvec_x16_mma.cu", "XB_STAGES")],

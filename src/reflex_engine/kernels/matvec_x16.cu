@@ -17,7 +17,7 @@ constexpr int X16_ROWS = 2;  // rows a block of a pass of 8 tokens computes, sha
 // with 4: 1.6-2.2 TB/s, decode 234 -> 292 tok/s; with 8, 117 registers and 3 blocks an SM: 292)
 constexpr int X16_DECODE_ROWS = 4;
 constexpr int X16_DECODE_BLOCKS_AN_SM = 6;  // matvec_x16_1_<type>'s launch bounds (below)
-constexpr int X16_DECODE_BLOCKS_AN_SM_Q8_0 = 8;  // but Q8_0's (ops.py's one-wave rule keeps the 6)
+constexpr int X16_DECODE_BLOCKS_AN_SM_64R = 8;  // but Q8_0's and matvec_x16_1w_q6_K's, in 64 registers without spilling
 constexpr int X16_AHEAD = 2;  // passes over the rows whose weights are requested before they are read
 
 // c + the dot product of the four signed bytes of w with four int16: x01 (elements 0, 1) and x23.
@@ -264,9 +264,30 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
 // 6 blocks an SM, 80 registers: left to itself ptxas took 80-114 by type, and 4-5 blocks (H200, Qwen3-8B Q4_K_M
 // decode 416.4 tok/s at 6 against 413.6, docs/perf-notes.md run 17). Q8_0's 8, 64 registers without spilling: 8B
 // Q8_0's 1,024-block launches then fit the SMs at once (decode 314.6 / 314.9 tok/s against 304.1 / 304.2, run 18);
-// at 8 the K types spilled, and 8B Q4_K_M's Q6_K rows lost 1%.
+// at 8 the K types spilled, and 8B Q4_K_M's Q6_K rows lost 1%. matvec_x16_1w_q6_K: Q6_K's at 8 an SM, spill-free too,
+// for launches that only then fit the SMs at once (8B's Q6_K downs: 1,024 blocks), so that they may write the next norm's
+// share (ops.py: one wave or no norm); every Q6_K launch at 8 lost 4% on 0.6B Q4_K_M (docs/perf-notes.md run 32).
 // It may read a norm's output (x_sums, eps) and, with one weight of whole groups of 32 rows, write the next
-// norm's share (norm_w ...: x16.cuh NormOut).
+// norm's share (norm_w ...: x16.cuh NormOut); before its wait it asks L2 for what its store reads at the end.
+#define MATVEC_X16_1_KERNEL(kernel, B, blocks)                                                              \
+    extern "C" __global__ void __launch_bounds__(X16_THREADS, blocks)                                       \
+        kernel(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds, \
+               float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols, \
+               const float* x_sums, float eps, const float* norm_w, uint8_t* norm_xq, float2* norm_xds,     \
+               float* norm_sums, int* tickets) {                                                            \
+        int u = blockIdx.x;                                                                                 \
+        const int i = fused_part(u, X16_DECODE_ROWS, rows0, rows1);                                         \
+        if (threadIdx.x < 2) {                                                                              \
+            const float* line = threadIdx.x == 0 ? (i == 0 ? add : nullptr) : norm_w;                      \
+            if (line) prefetch_l2(line + u * X16_DECODE_ROWS);                                              \
+        }                                                                                                   \
+        matvec_x16<B, X16_DECODE_ROWS, 1>(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, \
+                                          u * X16_DECODE_ROWS, pick(i, rows0, rows1, rows2), n_cols, 1, x_sums, eps); \
+        if (threadIdx.x >= WARP) return; /* warp 0 stored the block's rows */                               \
+        if (norm_w)                                                                                         \
+            store_normed_when_whole<X16_DECODE_ROWS>(y0, u * X16_DECODE_ROWS,                               \
+                                                     {norm_w, norm_xq, norm_xds, norm_sums, tickets});      \
+    }
 #define MATVEC_X16_KERNEL(name, B, blocks)                                                                  \
     extern "C" __global__ void __launch_bounds__(X16_THREADS, 5)                                            \
         matvec_x16_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,       \
@@ -280,21 +301,7 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
                                                 add && i == 0 ? add + t0 * n_rows : nullptr, u * X16_ROWS,  \
                                                 n_rows, n_cols, min(X16_MAX_TOKENS, n_tok - (int)t0));      \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(X16_THREADS, blocks)                                       \
-        matvec_x16_1_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,     \
-                            const float2* xds, float* y0, float* y1, float* y2, const float* add, int rows0, \
-                            int rows1, int rows2, int n_cols, const float* x_sums, float eps,               \
-                            const float* norm_w, uint8_t* norm_xq, float2* norm_xds, float* norm_sums,      \
-                            int* tickets) {                                                                 \
-        int u = blockIdx.x;                                                                                 \
-        const int i = fused_part(u, X16_DECODE_ROWS, rows0, rows1);                                         \
-        matvec_x16<B, X16_DECODE_ROWS, 1>(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, \
-                                          u * X16_DECODE_ROWS, pick(i, rows0, rows1, rows2), n_cols, 1, x_sums, eps); \
-        if (threadIdx.x >= WARP) return; /* warp 0 stored the block's rows */                               \
-        if (norm_w)                                                                                         \
-            store_normed_when_whole<X16_DECODE_ROWS>(y0, u * X16_DECODE_ROWS,                               \
-                                                     {norm_w, norm_xq, norm_xds, norm_sums, tickets});      \
-    }
+    MATVEC_X16_1_KERNEL(matvec_x16_1_##name, B, blocks)
 // A decode pass's experts (moe.cu's stacked_matvec and experts_down over int16 x): y_i (n_tok, n_slots, n_rows)
 // for one or two stacked weights W_i of one shape (W1 null: one), block y = i · n_tok · n_slots + t · n_slots + j
 // computing X16_DECODE_ROWS rows of matrix ids[t, j] of W_i (matrix_bytes apart) times x's row t (x_sums, eps: a
@@ -334,10 +341,12 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
 #define X16_KERNELS(name, B, blocks) MATVEC_X16_KERNEL(name, B, blocks) EXPERTS_X16_KERNELS(name, B, blocks)
 X16_KERNELS(q4_0, block_q4_0, X16_DECODE_BLOCKS_AN_SM)
 X16_KERNELS(q5_0, block_q5_0, X16_DECODE_BLOCKS_AN_SM)
-X16_KERNELS(q8_0, block_q8_0, X16_DECODE_BLOCKS_AN_SM_Q8_0)
+X16_KERNELS(q8_0, block_q8_0, X16_DECODE_BLOCKS_AN_SM_64R)
 X16_KERNELS(q4_K, block_q4_K, X16_DECODE_BLOCKS_AN_SM)
 X16_KERNELS(q5_K, block_q5_K, X16_DECODE_BLOCKS_AN_SM)
 X16_KERNELS(q6_K, block_q6_K, X16_DECODE_BLOCKS_AN_SM)
+MATVEC_X16_1_KERNEL(matvec_x16_1w_q6_K, block_q6_K, X16_DECODE_BLOCKS_AN_SM_64R)
 #undef X16_KERNELS
 #undef EXPERTS_X16_KERNELS
 #undef MATVEC_X16_KERNEL
+#undef MATVEC_X16_1_KERNEL

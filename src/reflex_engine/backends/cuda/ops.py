@@ -31,10 +31,11 @@ X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a ti
 # its blocks an SM (its launch bounds); it writes a norm's share (_fuse_norm) only where its blocks fit on the SMs
 # at once: each block's ticket for its group (a fence) then held the next wave back (H200, run 17: Qwen3-8B Q8_0,
 # 4,096 rows in 1,024 blocks, decode 298.2 tok/s with, 303.9 without; Qwen3-0.6B Q4_K_M, 1,024 rows, 1,238.0 with,
-# 1,205.0 without). Q8_0's kernel holds 8 an SM (kernels/matvec_x16.cu); the rule keeps the 6 every type holds,
-# so Q8_0 launches of 793-1,056 blocks, which fit too, still leave their norms alone (8B Q8_0 with them fused: not
-# yet measured)
+# 1,205.0 without). Q8_0's kernel holds 8 an SM (kernels/matvec_x16.cu), and so does Q6_K's twin matvec_x16_1w_q6_K,
+# taken by the Q6_K launches that fit the SMs at 8 and not at 6: with their norms, 8B Q4_K_M decode +1%, 8B Q8_0
+# -0.5% (run 32; +0.5% with the store's reads asked for before the wait)
 X16_DECODE_BLOCKS_AN_SM = 6
+X16_DECODE_BLOCKS_AN_SM_64R, X16_WAVE_TWIN_TYPES = 8, (GGMLType.Q6_K,)
 # kernels/matvec_x16_mma.cu: one token's matvec of these types on tensor cores instead, from the same
 # int16 blocks to the same integer sums: 32 rows a block, a warp per 256 columns of its rows, at most 8
 X16_MMA_TYPES = (GGMLType.Q4_K,)
@@ -146,6 +147,12 @@ _SUFFIXES = {t: t.name.lower().replace("_k", "_K") for t in GGMLType}
 
 def kernel_suffix(t: GGMLType) -> str:
     return _SUFFIXES[t]
+
+
+def x16_decode_blocks_an_sm(kernel: str) -> int:
+    """A one-token int16 matvec's blocks an SM (its launch bounds): matvec_x16_1_<type> or its twin matvec_x16_1w_<type>."""
+    eight = kernel.startswith("matvec_x16_1w_") or kernel == "matvec_x16_1_" + kernel_suffix(GGMLType.Q8_0)
+    return X16_DECODE_BLOCKS_AN_SM_64R if eight else X16_DECODE_BLOCKS_AN_SM
 
 
 def tile_fits(t: GGMLType, n_cols: int) -> bool:
@@ -716,6 +723,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
         else:  # kernels/matvec_x16.cu: 2 rows a block (one token: 4), a warp per 1,024 columns (32 units), at most 4
             kernel, per = (f"matvec_x16_1_{suffix}", X16_DECODE_ROWS) if n_tok == 1 else (f"matvec_x16_{suffix}", 2)
             threads = 32 * min(4, -(-n_cols // 1024))
+            sms = self.device.info.multiprocessors
+            if n_tok == 1 and group[0].ggml_type in X16_WAVE_TWIN_TYPES \
+                    and X16_DECODE_BLOCKS_AN_SM * sms < sum(-(-r // per) for r in rows) <= X16_DECODE_BLOCKS_AN_SM_64R * sms:
+                kernel = f"matvec_x16_1w_{suffix}"  # one wave, so that it may write a norm's share (_may_write_norm)
         units = sum(-(-r // per) for r in rows)
         return Group(path, kernel, min(units, most or units), threads, weights, (*rows, *(0,) * absent, n_cols),
                      [0] * absent, rows, {}, shared)
@@ -789,7 +800,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         matvec_x16_1 blocks that fit on the SMs at once."""
         rows = g.n_rows[0]
         return (self.fuse_norms and len(g.n_rows) == 1 and rows % 32 == 0 and rows <= self._x16_width and not src.sums
-                and (not g.kernel.startswith("matvec_x16_1_") or g.units <= X16_DECODE_BLOCKS_AN_SM * self.device.info.multiprocessors))
+                and (not g.kernel.startswith("matvec_x16_1") or g.units <= x16_decode_blocks_an_sm(g.kernel) * self.device.info.multiprocessors))
 
     def _matmul_one(self, x: Tensor, weight: Weight, path: str, add: Tensor | None) -> Tensor:
         """The kernels that take one weight: the float matvec passes and the long-prompt GEMM."""

@@ -19,6 +19,7 @@ FAMILIES = {
     "grouped_matvec": "PqPPPii",
     "matvec_x16": "PPPPPPPPPiiiii",  # matvec_x16.cu
     "matvec_x16_1": "PPPPPPPPPiiiiPfPPPPP",
+    "matvec_x16_1w": "PPPPPPPPPiiiiPfPPPPP",
     "matvec_x16_mma": "PPPPPPPPPiiiiPfPPPPP",  # matvec_x16_mma.cu
     "matvec_x16_bulk": "PPPPPPPPPiiiiPfPPPPP",
     "stacked_matvec_x16": "PPqPPPPPiiiPf",
