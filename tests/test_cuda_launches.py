@@ -321,6 +321,28 @@ def test_the_int16_matvec_writes_a_norms_share_only_in_one_wave_of_blocks(fake):
     assert kernels[4:7] == ["matvec_x16_1_q6_K", "matvec_x16_1w_q6_K", "matvec_x16_1_q6_K"]
 
 
+def test_a_norm_read_by_a_launch_of_many_waves_keeps_its_own_launch(fake):
+    """Each block of a launch reading a norm's output sums the norm's group sums first: past two waves of int16
+    blocks (2 x 6 an SM on the fake's 132: 1,584 blocks of 4 rows), as the output head is, the norm runs on its own."""
+    lib = fake()
+    ops = ops_module.CudaOps()
+    shapes = [(GGMLType.Q4_K, 256, 1024), (GGMLType.Q6_K, 1024, 6336), (GGMLType.Q6_K, 1024, 6400)]
+    ops.reserve([(t, (n_cols, n)) for t, n_cols, n in shapes] + [(GGMLType.F32, (1024,))], CacheShape(1, 16, 64, 64),
+                activation_width=65536)
+    producer, *readers = [ops.load_weight("w", t, (n_cols, n), bytes(n * n_cols // GGML_BLOCK[t][0] * GGML_BLOCK[t][1]))
+                          for t, n_cols, n in shapes]
+    norm = ops.load_weight("n", GGMLType.F32, (1024,), np.ones(1024, np.float32).tobytes())
+    ops.commit_weights()
+    x, residual = ops.from_host(np.ones((1, 256), np.float32)), ops.from_host(np.ones((1, 1024), np.float32))
+    norm_launched = []
+    for reader in readers:
+        lib.launches = []
+        ops.matmul(ops.rms_norm(ops.matmul(x, producer, add=residual), norm, 1e-6), reader)
+        ops.device.synchronize()
+        norm_launched.append(any(name == "norm_f32" for name, *_ in lib.launches))
+    assert norm_launched == [False, True]  # 1,584 blocks, 1,600
+
+
 def test_a_norm_whose_output_something_else_reads_first_runs_as_it_is(fake):
     """Any other op first makes the held matvec and the norm as they are, before it."""
     launches = norm_between_matvecs(fake(), lambda ops, normed, w: ops.matmul(ops.add(normed, normed), w))

@@ -36,6 +36,7 @@ X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a ti
 # -0.5% (run 32; +0.5% with the store's reads asked for before the wait)
 X16_DECODE_BLOCKS_AN_SM = 6
 X16_DECODE_BLOCKS_AN_SM_64R, X16_WAVE_TWIN_TYPES = 8, (GGMLType.Q6_K,)
+X16_NORM_READER_MAX_WAVES = 2  # waves of int16 blocks a launch reading a norm's output may take (_reads_norm_cheaply)
 # kernels/matvec_x16_mma.cu: one token's matvec of these types on tensor cores instead, from the same
 # int16 blocks to the same integer sums: 32 rows a block, a warp per 256 columns of its rows, at most 8
 X16_MMA_TYPES = (GGMLType.Q4_K,)
@@ -737,7 +738,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         dev = self.device
         pending = self._pending_norm
         if pending is not None and pending.out is x:
-            if all(type(g) is Group and g.path == "x16" for g in plan):  # one token: the decode matvecs
+            if all(type(g) is Group and g.path == "x16" and self._reads_norm_cheaply(g) for g in plan):  # the decode matvecs
                 self._fuse_norm(pending)
             else:
                 dev.release()
@@ -801,6 +802,14 @@ class CudaOps(ExpertOps, DeltaNetOps):
         rows = g.n_rows[0]
         return (self.fuse_norms and len(g.n_rows) == 1 and rows % 32 == 0 and rows <= self._x16_width and not src.sums
                 and (not g.kernel.startswith("matvec_x16_1") or g.units <= x16_decode_blocks_an_sm(g.kernel) * self.device.info.multiprocessors))
+
+    def _reads_norm_cheaply(self, g: Group) -> bool:
+        """Whether a one-token launch may read a norm's output as its blocks (kernels/x16.cuh norm_scale): each block
+        sums the norm's group sums before its products, which on a launch of many waves of int16 blocks costs more than
+        the norm's own launch (H200, run 32: 8B's output head, 37,984 blocks, 187 us a step reading them against 164
+        after a norm of 5)."""
+        waves = X16_NORM_READER_MAX_WAVES * x16_decode_blocks_an_sm(g.kernel) * self.device.info.multiprocessors
+        return not g.kernel.startswith("matvec_x16_1") or g.units <= waves
 
     def _matmul_one(self, x: Tensor, weight: Weight, path: str, add: Tensor | None) -> Tensor:
         """The kernels that take one weight: the float matvec passes and the long-prompt GEMM."""
