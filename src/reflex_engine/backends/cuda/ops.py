@@ -32,8 +32,8 @@ X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a ti
 # at once: each block's ticket for its group (a fence) then held the next wave back (H200, run 17: Qwen3-8B Q8_0,
 # 4,096 rows in 1,024 blocks, decode 298.2 tok/s with, 303.9 without; Qwen3-0.6B Q4_K_M, 1,024 rows, 1,238.0 with,
 # 1,205.0 without). Q8_0's kernel holds 8 an SM (kernels/matvec_x16.cu), and so does Q6_K's twin matvec_x16_1w_q6_K,
-# taken by the Q6_K launches that fit the SMs at 8 and not at 6: with their norms, 8B Q4_K_M decode +1%, 8B Q8_0
-# -0.5% (run 32; +0.5% with the store's reads asked for before the wait)
+# taken by the Q6_K launches that fit the SMs at 8 and not at 6 (every Q6_K launch at 8 cost 0.6B Q4_K_M 4%): with
+# their norms and the store's reads asked before the wait, 8B Q4_K_M decode +1.5%, 8B Q8_0 +0.7% (run 32)
 X16_DECODE_BLOCKS_AN_SM = 6
 X16_DECODE_BLOCKS_AN_SM_64R, X16_WAVE_TWIN_TYPES = 8, (GGMLType.Q6_K,)
 X16_NORM_READER_MAX_WAVES = 2  # waves of int16 blocks a launch reading a norm's output may take (_reads_norm_cheaply)
@@ -724,11 +724,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
         else:  # kernels/matvec_x16.cu: 2 rows a block (one token: 4), a warp per 1,024 columns (32 units), at most 4
             kernel, per = (f"matvec_x16_1_{suffix}", X16_DECODE_ROWS) if n_tok == 1 else (f"matvec_x16_{suffix}", 2)
             threads = 32 * min(4, -(-n_cols // 1024))
-            sms = self.device.info.multiprocessors
-            if n_tok == 1 and group[0].ggml_type in X16_WAVE_TWIN_TYPES \
-                    and X16_DECODE_BLOCKS_AN_SM * sms < sum(-(-r // per) for r in rows) <= X16_DECODE_BLOCKS_AN_SM_64R * sms:
-                kernel = f"matvec_x16_1w_{suffix}"  # one wave, so that it may write a norm's share (_may_write_norm)
-        units = sum(-(-r // per) for r in rows)
+        units, sms = sum(-(-r // per) for r in rows), self.device.info.multiprocessors
+        if kernel == f"matvec_x16_1_{suffix}" and group[0].ggml_type in X16_WAVE_TWIN_TYPES \
+                and X16_DECODE_BLOCKS_AN_SM * sms < units <= X16_DECODE_BLOCKS_AN_SM_64R * sms:
+            kernel = f"matvec_x16_1w_{suffix}"  # one wave, so that it may write a norm's share (_may_write_norm)
         return Group(path, kernel, min(units, most or units), threads, weights, (*rows, *(0,) * absent, n_cols),
                      [0] * absent, rows, {}, shared)
 
