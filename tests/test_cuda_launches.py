@@ -321,6 +321,29 @@ def test_the_int16_matvec_writes_a_norms_share_only_in_one_wave_of_blocks(fake):
     assert kernels[4:7] == ["matvec_x16_1_q6_K", "matvec_x16_1w_q6_K", "matvec_x16_1_q6_K"]
 
 
+def test_a_one_token_one_head_split_is_runs_of_its_row(fake):
+    """A decode step's split of one head (MLA's latent and rope parts, Gated DeltaNet's q, k and v) at multiples of
+    32 features copies nothing: each part is its run of the row, the row kept alive while a part is. More tokens, more
+    heads or other cuts copy (copy_heads_f32)."""
+    lib = fake()
+    ops = ops_module.CudaOps()
+    ops.reserve([(GGMLType.F32, (576,))], CacheShape(1, 16, 64, 64), activation_width=2048)
+    ops.commit_weights()
+    copies = []
+    for n_tok, n_heads, widths in [(1, 1, (512, 64)), (1, 1, (32, 64, 96)), (2, 1, (512, 64)), (1, 2, (256, 32)),
+                                   (1, 1, (48, 16))]:
+        x = ops.from_host(np.ones((n_tok, n_heads * sum(widths)), np.float32))
+        lib.launches = []
+        parts = ops.split(x, n_heads, widths)
+        ops.device.synchronize()
+        copies.append(len(lib.launches))
+        if not copies[-1]:
+            assert [p.ptr - x.ptr for p in parts] == [4 * sum(widths[:i]) for i in range(len(widths))]
+            del x
+            assert parts[-1]._of.cols == sum(widths)  # the row outlives its name
+    assert copies == [0, 0, 1, 1, 1]
+
+
 def test_a_norm_read_by_a_launch_of_many_waves_keeps_its_own_launch(fake):
     """Each block of a launch reading a norm's output sums the norm's group sums first: past two waves of int16
     blocks (2 x 6 an SM on the fake's 132: 1,584 blocks of 4 rows), as the output head is, the norm runs on its own."""

@@ -20,10 +20,12 @@ pytestmark = pytest.mark.gpu
 rng = np.random.default_rng()
 
 
-@pytest.mark.parametrize("n_heads,widths", [(1, (32, 16)), (2, (5, 2)), (16, (128, 64)), (128, (512, 64)), (4, (8, 3, 5))])
+@pytest.mark.parametrize("n_heads,widths", [(1, (32, 16)), (2, (5, 2)), (16, (128, 64)), (128, (512, 64)), (4, (8, 3, 5)),
+                                            (1, (512, 64)), (1, (64, 32, 96))])
 @pytest.mark.parametrize("n_tok", [1, 9, 77])
 def test_split_and_concat_match_the_cpu(gpu, n_heads, widths, n_tok):
-    """Two parts a launch (kernels/mla.cu copy_heads_f32): MLA's two, and three (a launch with one copy)."""
+    """Two parts a launch (kernels/mla.cu copy_heads_f32): MLA's two, and three (a launch with one copy); one token's
+    one head cut at multiples of 32 features (MLA's latent and rope parts): runs of its row, no copy."""
     x = rng.standard_normal((n_tok, n_heads * sum(widths))).astype(np.float32)
     parts = gpu.split(host(gpu, x), n_heads, widths)
     for got, want in zip(parts, cpu.split(x, n_heads, widths)):

@@ -14,6 +14,7 @@ from typing import Sequence
 from ...errors import ReflexError
 from ...gguf import tensor_nbytes
 from ...ops import Batch, Gating, Rope, Routes, Routing
+from .memory import RowRun
 
 MOE_WARPS = 4  # kernels/moe.cu: output rows per block
 # past a decode pass's 8 tokens, experts take their tokens grouped (kernels/moe.cu moe_group), each
@@ -189,6 +190,10 @@ class ExpertOps:
 
     def split(self, x, n_heads: int, widths: Sequence[int]):
         total, offsets = sum(widths), itertools.accumulate(widths, initial=0)
+        if x.rows == 1 and n_heads == 1 and all(w % 32 == 0 for w in widths):
+            # a decode step's one head: each part is a run of the row at a 128-byte step, where the kernels' 16-byte loads
+            # and int16 blocks of 32 find it as in a buffer of its own; no copy
+            return tuple(RowRun(x, offset, w) for w, offset in zip(widths, offsets))
         parts = tuple(self._new(x.rows, n_heads * w) for w in widths)
         self._copy_heads([(x.ptr, part.ptr, total, offset, w, 0, w) for part, w, offset in zip(parts, widths, offsets)],
                          x.rows * n_heads)

@@ -105,6 +105,18 @@ class Tensor:
             self._pool.give(self.cols, self.ptr)
 
 
+class RowRun(Tensor):
+    """cols consecutive floats of a one-row tensor, from its feature `offset` on: no buffer of its own, and the
+    tensor it lies in kept alive while it is."""
+
+    __slots__ = ("_of",)
+
+    def __init__(self, of: Tensor, offset: int, cols: int):
+        if of.rows != 1 or not 0 <= offset <= offset + cols <= of.cols:
+            raise ReflexError(f"internal error: a run of {cols} at {offset} in a ({of.rows}, {of.cols}) tensor")
+        self.ptr, self.rows, self.cols, self._of = of.ptr + 4 * offset, 1, cols, of
+
+
 class Plan(NamedTuple):
     """Bytes the model needs on the device, checked against free memory before any allocation."""
 
