@@ -269,18 +269,15 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
 // share (ops.py: one wave or no norm); every Q6_K launch at 8 lost 4% on 0.6B Q4_K_M (docs/perf-notes.md run 32).
 // It may read a norm's output (x_sums, eps) and, with one weight of whole groups of 32 rows, write the next
 // norm's share (norm_w ...: x16.cuh NormOut); before its wait it asks L2 for what its store reads at the end.
-#define MATVEC_X16_1_KERNEL(kernel, B, blocks)                                                              \
+#define MATVEC_X16_1_KERNEL(suffix, B, blocks)                                                              \
     extern "C" __global__ void __launch_bounds__(X16_THREADS, blocks)                                       \
-        kernel(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds, \
+        matvec_x16_1##suffix(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds, \
                float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols, \
                const float* x_sums, float eps, const float* norm_w, uint8_t* norm_xq, float2* norm_xds,     \
                float* norm_sums, int* tickets) {                                                            \
         int u = blockIdx.x;                                                                                 \
         const int i = fused_part(u, X16_DECODE_ROWS, rows0, rows1);                                         \
-        if (threadIdx.x < 2) {                                                                              \
-            const float* line = threadIdx.x == 0 ? (i == 0 ? add : nullptr) : norm_w;                      \
-            if (line) prefetch_l2(line + u * X16_DECODE_ROWS);                                              \
-        }                                                                                                   \
+        if (threadIdx.x < WARP) ask_l2_for_store_reads(i == 0 ? add : nullptr, norm_w, u * X16_DECODE_ROWS);   \
         matvec_x16<B, X16_DECODE_ROWS, 1>(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, \
                                           u * X16_DECODE_ROWS, pick(i, rows0, rows1, rows2), n_cols, 1, x_sums, eps); \
         if (threadIdx.x >= WARP) return; /* warp 0 stored the block's rows */                               \
@@ -301,7 +298,7 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
                                                 add && i == 0 ? add + t0 * n_rows : nullptr, u * X16_ROWS,  \
                                                 n_rows, n_cols, min(X16_MAX_TOKENS, n_tok - (int)t0));      \
     }                                                                                                       \
-    MATVEC_X16_1_KERNEL(matvec_x16_1_##name, B, blocks)
+    MATVEC_X16_1_KERNEL(_##name, B, blocks)
 // A decode pass's experts (moe.cu's stacked_matvec and experts_down over int16 x): y_i (n_tok, n_slots, n_rows)
 // for one or two stacked weights W_i of one shape (W1 null: one), block y = i · n_tok · n_slots + t · n_slots + j
 // computing X16_DECODE_ROWS rows of matrix ids[t, j] of W_i (matrix_bytes apart) times x's row t (x_sums, eps: a
@@ -345,7 +342,7 @@ X16_KERNELS(q8_0, block_q8_0, X16_DECODE_BLOCKS_AN_SM_64R)
 X16_KERNELS(q4_K, block_q4_K, X16_DECODE_BLOCKS_AN_SM)
 X16_KERNELS(q5_K, block_q5_K, X16_DECODE_BLOCKS_AN_SM)
 X16_KERNELS(q6_K, block_q6_K, X16_DECODE_BLOCKS_AN_SM)
-MATVEC_X16_1_KERNEL(matvec_x16_1w_q6_K, block_q6_K, X16_DECODE_BLOCKS_AN_SM_64R)
+MATVEC_X16_1_KERNEL(w_q6_K, block_q6_K, X16_DECODE_BLOCKS_AN_SM_64R)
 #undef X16_KERNELS
 #undef EXPERTS_X16_KERNELS
 #undef MATVEC_X16_KERNEL

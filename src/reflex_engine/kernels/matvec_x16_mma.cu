@@ -275,11 +275,10 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
     };
     if (warp == 0)
         for (int k = 0; k < min(XB_STAGES, n_steps); ++k) issue(k);
-    if (warp == XM_WARPS - 1 && lane < 2 && n_steps > 0) {  // the first group's store reads these at its end: into L2
-        int i;                                              // now, beside the stages (the norm's weight, from DRAM)
+    if (warp == XM_WARPS - 1 && n_steps > 0) {  // the warp storing the first group
+        int i;
         const int row0 = group_of(0, i) * XM_ROWS;
-        const float* line = lane == 0 ? (i == 0 ? add : nullptr) : norm.w;
-        if (line) prefetch_l2(line + row0);
+        ask_l2_for_store_reads(i == 0 ? add : nullptr, norm.w, row0);
     }
     follow_previous_kernel();
     const float scale = x_sums ? norm_scale(x_sums, n_cols, eps) : 1.0f;

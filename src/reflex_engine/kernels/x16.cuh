@@ -55,6 +55,16 @@ __host__ __device__ __forceinline__ void x_words(const uint8_t* p, uint32_t (&w)
 #endif
 }
 
+// Before a one-token matvec's wait, by one warp: asks L2 for the lines its store reads last for rows row0.., the
+// residual it adds (or null) and the next norm's weight (or null), beside its first weights. A request, not a read:
+// it races nothing the kernel before writes, and the norm's weight, which no kernel writes, came from DRAM on the
+// step's path (docs/perf-notes.md run 32).
+__device__ __forceinline__ void ask_l2_for_store_reads(const float* add, const float* norm_w, int row0) {
+    const int lane = threadIdx.x % WARP;
+    if (lane == 0 && add) prefetch_l2(add + row0);
+    if (lane == 1 && norm_w) prefetch_l2(norm_w + row0);
+}
+
 // An RMSNorm split between the decode matvec that makes its input (the residual stream y, rows of whole
 // groups of 32) and the decode matvecs that read its output (ops.py fuses the three in a one-token pass):
 // the first writes, per group of 32 rows, the int16 blocks of y∘w and the group's Σ y² (`NormOut`); the
