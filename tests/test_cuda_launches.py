@@ -346,24 +346,30 @@ def test_a_one_token_one_head_split_is_runs_of_its_row(fake):
 
 def test_a_norm_read_by_a_launch_of_many_waves_keeps_its_own_launch(fake):
     """Each block of a launch reading a norm's output sums the norm's group sums first: past two waves of int16
-    blocks (2 x 6 an SM on the fake's 132: 1,584 blocks of 4 rows), as the output head is, the norm runs on its own."""
+    blocks, as the output head is, the norm runs on its own. A wave on the fake's 132 SMs: 6 blocks of 4 warps an SM
+    (4,096 columns: 1,584 blocks of 4 rows in two), or 16 of one warp (1,024 columns: 4,224 blocks in two)."""
     lib = fake()
     ops = ops_module.CudaOps()
-    shapes = [(GGMLType.Q4_K, 256, 1024), (GGMLType.Q6_K, 1024, 6336), (GGMLType.Q6_K, 1024, 6400)]
-    ops.reserve([(t, (n_cols, n)) for t, n_cols, n in shapes] + [(GGMLType.F32, (1024,))], CacheShape(1, 16, 64, 64),
-                activation_width=65536)
-    producer, *readers = [ops.load_weight("w", t, (n_cols, n), bytes(n * n_cols // GGML_BLOCK[t][0] * GGML_BLOCK[t][1]))
-                          for t, n_cols, n in shapes]
-    norm = ops.load_weight("n", GGMLType.F32, (1024,), np.ones(1024, np.float32).tobytes())
+    cases = [(1024, 16896, False), (1024, 16960, True), (4096, 6336, False), (4096, 6400, True)]  # width, reader rows
+    ops.reserve([(GGMLType.Q4_K, (4096, w)) for w in (1024, 4096)] + [(GGMLType.F32, (w,)) for w in (1024, 4096)]
+                + [(GGMLType.Q6_K, (w, n)) for w, n, _ in cases], CacheShape(1, 16, 64, 64), activation_width=65536)
+
+    def weight(t, n_cols, n):
+        return ops.load_weight("w", t, (n_cols, n), bytes(n * n_cols // GGML_BLOCK[t][0] * GGML_BLOCK[t][1]))
+
+    producers = {w: weight(GGMLType.Q4_K, 4096, w) for w in (1024, 4096)}  # tensor cores: whole groups, no tickets
+    norms = {w: ops.load_weight("n", GGMLType.F32, (w,), np.ones(w, np.float32).tobytes()) for w in (1024, 4096)}
+    readers = [weight(GGMLType.Q6_K, w, n) for w, n, _ in cases]
     ops.commit_weights()
-    x, residual = ops.from_host(np.ones((1, 256), np.float32)), ops.from_host(np.ones((1, 1024), np.float32))
+    x = ops.from_host(np.ones((1, 4096), np.float32))
     norm_launched = []
-    for reader in readers:
+    for (w, _, _), reader in zip(cases, readers):
+        residual = ops.from_host(np.ones((1, w), np.float32))
         lib.launches = []
-        ops.matmul(ops.rms_norm(ops.matmul(x, producer, add=residual), norm, 1e-6), reader)
+        ops.matmul(ops.rms_norm(ops.matmul(x, producers[w], add=residual), norms[w], 1e-6), reader)
         ops.device.synchronize()
         norm_launched.append(any(name == "norm_f32" for name, *_ in lib.launches))
-    assert norm_launched == [False, True]  # 1,584 blocks, 1,600
+    assert norm_launched == [launched for *_, launched in cases]
 
 
 def test_a_norm_whose_output_something_else_reads_first_runs_as_it_is(fake):
