@@ -103,10 +103,11 @@ def qkv_and_z(ops, lw, cfg: ArchConfig, x):
 def gated_delta_net(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x, gate_inputs, residual):
     mixed, z = qkv_and_z(ops, lw, cfg, x)
     qkv = ops.causal_conv1d(mixed, lw.ssm_conv1d, cache=cache, layer=layer, batch=batch)  # (T, C)
-    q, k, v = ops.split(qkv, 1, (cfg.ssm_k_width, cfg.ssm_k_width, cfg.ssm_v_width))
+    qk, v = ops.split(qkv, 1, (2 * cfg.ssm_k_width, cfg.ssm_v_width))
     alpha, beta = gate_inputs(ops, lw, cfg, x)
     g, beta = ops.gdn_gates(alpha, beta, dt_bias=lw.ssm_dt, ssm_a=lw.ssm_a)  # log-decay <= 0, write strength
-    q, k = ops.l2_norm(q, cfg.ssm_k_dim, cfg.rms_eps), ops.l2_norm(k, cfg.ssm_k_dim, cfg.rms_eps)
+    # every head of q and of k L2-normalized: one op over both
+    q, k = ops.split(ops.l2_norm(qk, cfg.ssm_k_dim, cfg.rms_eps), 1, (cfg.ssm_k_width, cfg.ssm_k_width))
     o = ops.delta_rule(q, k, v, g, beta, cache=cache, layer=layer, batch=batch, tiled=cfg.ssm_tiled,
                        scale=cfg.ssm_k_dim**-0.5)  # (T, H_v*d_v)
     return linear(ops, ops.swiglu(z, ops.rms_norm(o, lw.ssm_norm, cfg.rms_eps)), lw.ssm_out, add=residual)  # norm(o) * silu(z)
