@@ -78,33 +78,31 @@ def layer_tensors(inputs: list[TensorDecl], gates: list[TensorDecl], ffn: list[T
     return ATTENTION_TENSORS + inputs + gates + DELTA_NET_TENSORS + [TensorDecl("post_attention_norm", ("n_embd",))] + ffn
 
 
-def split_gate_inputs(ops, lw, cfg: ArchConfig, x):
-    alpha, beta = linears(ops, x, (lw.ssm_alpha, lw.ssm_beta))  # (T, H_v) each
-    return alpha, beta
+def split_inputs(ops, lw, cfg: ArchConfig, x):
+    """qwen35's projections of x, each its own weight: [q; k; v] of every head (T, C), z (T, H_v*d_v), alpha and
+    beta (T, H_v); one matmuls call, so that those of one type share a launch."""
+    mixed, z, alpha, beta = linears(ops, x, (lw.attn_qkv, lw.attn_gate, lw.ssm_alpha, lw.ssm_beta))
+    return mixed, z, alpha, beta
 
 
-def grouped_gate_inputs(ops, lw, cfg: ArchConfig, x):
+def grouped_inputs(ops, lw, cfg: ArchConfig, x):
+    """qwen3next's: [q; k; v] and z from attn_qkv and attn_gate, or from a legacy file's ssm_in, which holds q, k, v
+    and z of each key head in turn; beta and alpha from one projection, per key head [beta (r); alpha (r)]."""
+    if lw.attn_qkv is not None:
+        mixed, z = linears(ops, x, (lw.attn_qkv, lw.attn_gate))
+    else:
+        width = cfg.ssm_v_width // cfg.ssm_k_heads  # the value heads of one key head
+        q, k, v, z = ops.split(linear(ops, x, lw.ssm_in), cfg.ssm_k_heads, (cfg.ssm_k_dim, cfg.ssm_k_dim, width, width))
+        mixed = ops.concat([q, k, v], 1)
     r = cfg.ssm_v_heads // cfg.ssm_k_heads
     beta, alpha = ops.split(linear(ops, x, lw.ssm_ba), cfg.ssm_k_heads, (r, r))  # value head g*r + j
-    return alpha, beta
+    return mixed, z, alpha, beta
 
 
-def qkv_and_z(ops, lw, cfg: ArchConfig, x):
-    """[q; k; v] of every head (T, C) and z (T, H_v*d_v), from the split projections or from a
-    legacy qwen3next file's ssm_in, which holds q, k, v and z of each key head in turn."""
-    if lw.attn_qkv is not None:
-        qkv, z = linears(ops, x, (lw.attn_qkv, lw.attn_gate))
-        return qkv, z
-    width = cfg.ssm_v_width // cfg.ssm_k_heads  # the value heads of one key head
-    q, k, v, z = ops.split(linear(ops, x, lw.ssm_in), cfg.ssm_k_heads, (cfg.ssm_k_dim, cfg.ssm_k_dim, width, width))
-    return ops.concat([q, k, v], 1), z
-
-
-def gated_delta_net(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x, gate_inputs, residual):
-    mixed, z = qkv_and_z(ops, lw, cfg, x)
+def gated_delta_net(ops, lw, cfg: ArchConfig, cache, layer: int, batch: Batch, x, inputs, residual):
+    mixed, z, alpha, beta = inputs(ops, lw, cfg, x)
     qkv = ops.causal_conv1d(mixed, lw.ssm_conv1d, cache=cache, layer=layer, batch=batch)  # (T, C)
     qk, v = ops.split(qkv, 1, (2 * cfg.ssm_k_width, cfg.ssm_v_width))
-    alpha, beta = gate_inputs(ops, lw, cfg, x)
     g, beta = ops.gdn_gates(alpha, beta, dt_bias=lw.ssm_dt, ssm_a=lw.ssm_a)  # log-decay <= 0, write strength
     # every head of q and of k L2-normalized: one op over both
     q, k = ops.split(ops.l2_norm(qk, cfg.ssm_k_dim, cfg.rms_eps), 1, (cfg.ssm_k_width, cfg.ssm_k_width))
@@ -134,13 +132,13 @@ def moe_with_shared_expert(ops, lw, cfg: ArchConfig, layer: int, x, residual):
     return ops.add(routed, ops.sigmoid_gate(shared, linear(ops, x, lw.ffn_gate_inp_shexp)))
 
 
-def forward(ops, w, cfg: ArchConfig, cache, batch: Batch, out_rows, *, gate_inputs, feed_forward):
+def forward(ops, w, cfg: ArchConfig, cache, batch: Batch, out_rows, *, inputs, feed_forward):
     """Logits (len(out_rows), V) for the batch positions in out_rows."""
     x = ops.embed(w.token_embd, batch.tokens)  # (T, E)
     for i, lw in enumerate(w.blk):
         xn = ops.rms_norm(x, lw.attn_norm, cfg.rms_eps)
         if cfg.is_recurrent(i):
-            h = gated_delta_net(ops, lw, cfg, cache, i, batch, xn, gate_inputs, x)  # x + mixer(norm(x))
+            h = gated_delta_net(ops, lw, cfg, cache, i, batch, xn, inputs, x)  # x + mixer(norm(x))
         else:
             h = gated_attention(ops, lw, cfg, cache, i, batch, xn, x)
         x = feed_forward(ops, lw, cfg, i, ops.rms_norm(h, lw.post_attention_norm, cfg.rms_eps), h)  # h + ffn(norm(h))

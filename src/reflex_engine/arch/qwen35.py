@@ -17,7 +17,7 @@ LAYER_TENSORS = hybrid.layer_tensors(hybrid.SPLIT_INPUT_TENSORS, hybrid.SPLIT_GA
 
 
 def forward(ops, w, cfg, cache, batch, out_rows):
-    return hybrid.forward(ops, w, cfg, cache, batch, out_rows, gate_inputs=hybrid.split_gate_inputs,
+    return hybrid.forward(ops, w, cfg, cache, batch, out_rows, inputs=hybrid.split_inputs,
                           feed_forward=hybrid.dense_ffn)
 
 

@@ -5,7 +5,7 @@ Diff with qwen35moe: beta and alpha come from one projection, ssm_ba, grouped pe
 [beta (r), alpha (r)] (value head g*r + j); value heads stay in HF's grouped order, so value
 head h reads key head h // r; RoPE is plain NEOX on n_rot dims. Legacy files hold q, k, v and z
 in one projection, ssm_in, grouped per key head, instead of attn_qkv and attn_gate: both forms
-are read (hybrid.qkv_and_z).
+are read (hybrid.grouped_inputs).
 """
 from ..ops import RopeMode
 from . import hybrid
@@ -19,7 +19,7 @@ LAYER_TENSORS = hybrid.layer_tensors(hybrid.FUSED_OR_SPLIT_INPUT_TENSORS, hybrid
 
 
 def forward(ops, w, cfg, cache, batch, out_rows):
-    return hybrid.forward(ops, w, cfg, cache, batch, out_rows, gate_inputs=hybrid.grouped_gate_inputs,
+    return hybrid.forward(ops, w, cfg, cache, batch, out_rows, inputs=hybrid.grouped_inputs,
                           feed_forward=hybrid.moe_with_shared_expert)
 
 
