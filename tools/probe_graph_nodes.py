@@ -59,19 +59,26 @@ def main() -> None:
     ap.add_argument("--places", action="store_true")
     ap.add_argument("--contexts", default="128,4096")
     args = ap.parse_args()
+    model, contexts = load_for_steps("probe_graph_nodes", args, min_replays=5)
+    for context in contexts:
+        probe(model, context, args)
+
+
+def load_for_steps(tool: str, args, min_replays: int):
+    """(the model on CUDA, its cache sized as `reflex bench` sizes it for the longest context, its own forward's
+    graphs closed; the --contexts), or the tool's exit with what is wrong."""
     try:
         contexts = [int(c) for c in args.contexts.split(",")]
     except ValueError:
         contexts = []
-    if args.replays < 5 or not contexts or min(contexts) < 1:
-        sys.exit("probe_graph_nodes: --replays takes 5 or more, --contexts comma-separated lengths of 1 or more")
+    if args.replays < min_replays or not contexts or min(contexts) < 1:
+        sys.exit(f"{tool}: --replays takes {min_replays} or more, --contexts comma-separated lengths of 1 or more")
     try:
-        model = reflex_engine.load(args.model, device="cuda", n_ctx=max(contexts) + 256)  # as `reflex bench`
+        model = reflex_engine.load(args.model, device="cuda", n_ctx=max(contexts) + 256)
     except ReflexError as e:
-        sys.exit(f"probe_graph_nodes: {e}")
+        sys.exit(f"{tool}: {e}")
     model._forward.close()
-    for context in contexts:
-        probe(model, context, args)
+    return model, contexts
 
 
 def captured_step(model, context: int):

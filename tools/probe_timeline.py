@@ -18,10 +18,7 @@ import sys
 import tempfile
 from collections import defaultdict
 
-from probe_graph_nodes import captured_step, places
-
-import reflex_engine
-from reflex_engine.errors import ReflexError
+from probe_graph_nodes import captured_step, load_for_steps, places
 
 
 def kernel_events(trace_path: str) -> list[tuple[str, float, float]]:
@@ -40,21 +37,11 @@ def main() -> None:
     ap.add_argument("--contexts", default="128")
     args = ap.parse_args()
     try:
-        contexts = [int(c) for c in args.contexts.split(",")]
-    except ValueError:
-        contexts = []
-    if args.replays < 3 or not contexts or min(contexts) < 1:
-        sys.exit("probe_timeline: --replays takes 3 or more, --contexts comma-separated lengths of 1 or more")
-    try:
         import torch
         from torch.profiler import ProfilerActivity, profile
     except ImportError:
         sys.exit("probe_timeline: needs torch (its profiler reads CUPTI)")
-    try:
-        model = reflex_engine.load(args.model, device="cuda", n_ctx=max(contexts) + 256)  # as `reflex bench`
-    except ReflexError as e:
-        sys.exit(f"probe_timeline: {e}")
-    model._forward.close()
+    model, contexts = load_for_steps("probe_timeline", args, min_replays=3)
     torch.cuda.init()  # the primary context Reflex holds
     for context in contexts:
         dev = model.ops.device
