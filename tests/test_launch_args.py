@@ -35,6 +35,7 @@ SHARED_CONSTANTS = {
     ("ops", "X16_DECODE_ROWS"): [("matvec_x16.cu", "X16_DECODE_ROWS")],
     ("ops", "X16_DECODE_BLOCKS_AN_SM"): [("matvec_x16.cu", "X16_DECODE_BLOCKS_AN_SM")],
     ("ops", "X16_DECODE_BLOCKS_AN_SM_64R"): [("matvec_x16.cu", "X16_DECODE_BLOCKS_AN_SM_64R")],
+    ("ops", "X16_THREADS"): [("matvec_x16.cu", "X16_THREADS")],
     ("ops", "X16_MMA_ROWS"): [("matvec_x16_mma.cu", "XM_ROWS")],
     ("ops", "X16_MMA_WARPS"): [("matvec_x16_mma.cu", "XM_WARPS")],
     ("ops", "X16_BULK_STAGES"): [("matvec_x16_mma.cu", "XB_STAGES")],

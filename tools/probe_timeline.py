@@ -16,7 +16,7 @@ import json
 import statistics
 import sys
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from probe_graph_nodes import captured_step, load_for_steps, places
 
@@ -83,21 +83,20 @@ def report(args, context: int, named: list[str], events) -> None:
             acc[2] += start - last_end
             last_end = max(last_end, end)
         for place, (a, s, g) in per_place.items():
-            adds[place].append(a), spans[place].append(s), gaps[place].append(g)
+            adds[place].append(a)
+            spans[place].append(s)
+            gaps[place].append(g)
         steps.append(last_end - replay[0][1])
         if r == args.replays // 2:
             print(f"### one replay's first 40 nodes (us from its start)\n\n| node | start | end | span |\n|---|---|---|---|")
             for (_, start, end), place in list(zip(replay, named))[:40]:
                 print(f"| {place} | {start - replay[0][1]:.2f} | {end - replay[0][1]:.2f} | {end - start:.2f} |")
             print()
-    counts = defaultdict(int)
-    for place in named:
-        counts[place] += 1
-    step = statistics.median(steps)
+    counts, med = Counter(named), statistics.median
+    step = med(steps)
     print(f"## {args.model}: a decode step at a {context}-token context, {n} kernel nodes, {step:.1f} us first start to "
           f"last end (median of {args.replays} replays under the profiler)\n")
     print("| place | nodes | adds us | adds a node | span a node | start's gap a node |\n|---|---|---|---|---|---|")
-    med = lambda xs: statistics.median(xs)  # noqa: E731
     for place in sorted(adds, key=lambda p: -med(adds[p])):
         c = counts[place]
         print(f"| {place} | {c} | {med(adds[place]):.1f} | {med(adds[place]) / c:.2f} | {med(spans[place]) / c:.2f} | "

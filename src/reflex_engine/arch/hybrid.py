@@ -81,8 +81,7 @@ def layer_tensors(inputs: list[TensorDecl], gates: list[TensorDecl], ffn: list[T
 def split_inputs(ops, lw, cfg: ArchConfig, x):
     """qwen35's projections of x, each its own weight: [q; k; v] of every head (T, C), z (T, H_v*d_v), alpha and
     beta (T, H_v); one matmuls call, so that those of one type share a launch."""
-    mixed, z, alpha, beta = linears(ops, x, (lw.attn_qkv, lw.attn_gate, lw.ssm_alpha, lw.ssm_beta))
-    return mixed, z, alpha, beta
+    return linears(ops, x, (lw.attn_qkv, lw.attn_gate, lw.ssm_alpha, lw.ssm_beta))
 
 
 def grouped_inputs(ops, lw, cfg: ArchConfig, x):

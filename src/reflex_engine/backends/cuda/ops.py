@@ -37,8 +37,9 @@ X16_DECODE_ROWS = 4  # rows a block of one token's int16 matvec computes at a ti
 X16_DECODE_BLOCKS_AN_SM = 6
 X16_DECODE_BLOCKS_AN_SM_64R, X16_WAVE_TWIN_TYPES = 8, (GGMLType.Q6_K,)
 X16_NORM_READER_MAX_WAVES = 2  # waves of int16 blocks a launch reading a norm's output may take (_reads_norm_cheaply)
+X16_THREADS = 128  # kernels/matvec_x16.cu: the most threads its blocks have, the ones its launch bounds count
 # the blocks an SM holds at once at most, on every GPU the kernels are built for (sm_75's and sm_86's 16; sm_90's 32)
-RESIDENT_BLOCKS_CAP, WARP = 16, 32
+RESIDENT_BLOCKS_CAP = 16
 # kernels/matvec_x16_mma.cu: one token's matvec of these types on tensor cores instead, from the same
 # int16 blocks to the same integer sums: 32 rows a block, a warp per 256 columns of its rows, at most 8
 X16_MMA_TYPES = (GGMLType.Q4_K,)
@@ -812,7 +813,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         narrower ones (Qwen3.5-0.8B's gate and up: 1,792 blocks of one warp, under one wave)."""
         if not g.kernel.startswith("matvec_x16_1"):
             return True
-        resident = min(RESIDENT_BLOCKS_CAP, x16_decode_blocks_an_sm(g.kernel) * 4 * WARP // g.threads)
+        resident = min(RESIDENT_BLOCKS_CAP, x16_decode_blocks_an_sm(g.kernel) * X16_THREADS // g.threads)
         return g.units <= X16_NORM_READER_MAX_WAVES * resident * self.device.info.multiprocessors
 
     def _matmul_one(self, x: Tensor, weight: Weight, path: str, add: Tensor | None) -> Tensor:
