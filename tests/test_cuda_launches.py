@@ -814,9 +814,9 @@ def test_the_latent_attention_takes_the_tensor_core_kernels_on_sm90(fake, monkey
     cache = ops.new_kv_cache(shape)
     for n_tok in (1, 63, 64, 130):
         launched.clear()
-        q, kv = (ops.from_host(np.zeros((n_tok, w), np.float32)) for w in (n_heads * width, width))
+        q, kv = ([ops.from_host(np.zeros((n_tok, n * w), np.float32)) for w in (v_width, width - v_width)] for n in (n_heads, 1))
         ops.latent_attention(q, kv, cache=cache, layer=0, batch=Batch.causal(list(range(n_tok)), 0), n_heads=n_heads,
-                             v_width=v_width, scale=0.1)
+                             scale=0.1)
         got = [(n, g) for n, g, _ in launched if n.startswith("latent_attention")]
         splits = min(4, ops_module.ATTENTION_PARTIALS_BYTES // (4 * n_tok * n_heads * (v_width + 2)))
         if capability < (9, 0):

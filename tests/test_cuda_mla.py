@@ -79,6 +79,11 @@ def test_yarn_rope_matches_the_cpu(gpu, rope):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+def latent_parts(q, kv, n_heads, v_width):
+    """The query's and the latent row's (latent, rope) parts, as deepseek2.py passes them."""
+    return cpu.split(q, n_heads, (v_width, kv.shape[1] - v_width)), (kv[:, :v_width], kv[:, v_width:])
+
+
 @pytest.mark.parametrize("n_heads,width,v_width", [(2, 48, 32), (16, 576, 512), (3, 100, 60)])
 @pytest.mark.parametrize("segments", ["causal", "system1"])
 @pytest.mark.parametrize("t", [1, 5, 70])
@@ -94,12 +99,13 @@ def test_latent_attention_prefill_then_decode(gpu, n_heads, width, v_width, segm
     c_cpu, c_gpu = cpu.new_kv_cache(shape), gpu.new_kv_cache(shape)
     q = rng.standard_normal((t + 3, n_heads * width)).astype(np.float32)
     kv = f16_rounded(rng.standard_normal((t + 3, width)).astype(np.float32))
-    kw = dict(layer=0, n_heads=n_heads, v_width=v_width, scale=width**-0.5)
+    kw = dict(layer=0, n_heads=n_heads, scale=width**-0.5)
     steps = [(0, t, Batch(range(t), range(t), seg, 0))] + [(i, i + 1, Batch.causal([0], i)) for i in range(t, t + 3)]
     for a, b, batch in steps:
-        ref = cpu.latent_attention(q[a:b], kv[a:b], cache=c_cpu, batch=batch, **kw)
+        q_parts, kv_parts = latent_parts(q[a:b], kv[a:b], n_heads, v_width)
+        ref = cpu.latent_attention(q_parts, kv_parts, cache=c_cpu, batch=batch, **kw)
         gpu.poison()
-        dq, dkv = (gpu.from_host(np.ascontiguousarray(m[a:b])) for m in (q, kv))
+        dq, dkv = ([gpu.from_host(np.ascontiguousarray(p)) for p in parts] for parts in (q_parts, kv_parts))
         with recorded_launches(gpu) as launched:
             got = gpu.to_host(gpu.latent_attention(dq, dkv, cache=c_gpu, batch=batch, **kw))
         f16_products = bool({"latent_attention_prefill", "latent_attention_decode"} & set(launched))
@@ -120,7 +126,7 @@ def test_latent_attention_of_long_prompts_on_tensor_cores(gpu, n_heads, width, v
     c_cpu, c_gpu = cpu.new_kv_cache(shape), gpu.new_kv_cache(shape)
     q = rng.standard_normal((188, n_heads * width)).astype(np.float32)
     kv = f16_rounded(rng.standard_normal((188, width)).astype(np.float32))
-    kw = dict(layer=0, n_heads=n_heads, v_width=v_width, scale=width**-0.5)
+    kw = dict(layer=0, n_heads=n_heads, scale=width**-0.5)
     second = [0] * 37 + [1 + i // 9 for i in range(40)]
     steps = [(0, 100, Batch(range(100), range(100), [0] * 100, 0), "latent_attention_prefill", 2e-3),
              (100, 177, Batch(range(77), range(100, 177), second, 100), "latent_attention_prefill", 2e-3),
@@ -128,9 +134,10 @@ def test_latent_attention_of_long_prompts_on_tensor_cores(gpu, n_heads, width, v
              (178, 179, Batch.causal([0], 178), "latent_attention_decode", 2e-3),
              (179, 188, Batch(range(9), range(179, 188), [0] * 4 + [1] * 5, 179), "latent_attention_decode", 2e-3)]
     for a, b, batch, kernel, tolerance in steps:
-        ref = cpu.latent_attention(q[a:b], kv[a:b], cache=c_cpu, batch=batch, **kw)
+        q_parts, kv_parts = latent_parts(q[a:b], kv[a:b], n_heads, v_width)
+        ref = cpu.latent_attention(q_parts, kv_parts, cache=c_cpu, batch=batch, **kw)
         gpu.poison()
-        dq, dkv = (gpu.from_host(np.ascontiguousarray(m[a:b])) for m in (q, kv))
+        dq, dkv = ([gpu.from_host(np.ascontiguousarray(p)) for p in parts] for parts in (q_parts, kv_parts))
         with recorded_launches(gpu) as launched:
             got = gpu.to_host(gpu.latent_attention(dq, dkv, cache=c_gpu, batch=batch, **kw))
         assert [n for n in launched if n.startswith("latent_attention")][0] == kernel, launched

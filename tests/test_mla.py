@@ -36,14 +36,17 @@ def test_split_concat_and_per_head_matmul():
 
 @pytest.mark.parametrize("segments", [[0, 0, 0, 0, 0], [0, 0, 1, 1, 2]])
 def test_latent_attention_is_multi_query_attention_whose_values_are_the_keys_first_features(segments):
+    """Its query and latent row come in two parts each (latent, rope), each head's query the concat of its two."""
     n_heads, width, v_width = 3, 12, 8
     q = rng.standard_normal((5, n_heads * width), dtype=np.float32)
     kv = rng.standard_normal((5, width), dtype=np.float32)
     cache = ops.new_kv_cache(CacheShape(1, 8, width, v_width, latent=True))
-    got = ops.latent_attention(q, kv, cache=cache, layer=0, batch=Batch([0] * 5, range(5), segments, 0),
-                               n_heads=n_heads, v_width=v_width, scale=width**-0.5)
+    got = ops.latent_attention(ops.split(q, n_heads, (v_width, width - v_width)), (kv[:, :v_width], kv[:, v_width:]),
+                               cache=cache, layer=0, batch=Batch([0] * 5, range(5), segments, 0), n_heads=n_heads,
+                               scale=width**-0.5)
     np.testing.assert_allclose(got, _attention_reference(q, kv, kv[:, :v_width], segments, n_heads, 1), rtol=1e-4, atol=1e-6)
     assert cache.v == [] and cache.k[0].shape == (8, width)  # one latent row per slot, nothing else
+    np.testing.assert_array_equal(cache.k[0][:5], kv)
 
 
 def test_yarn_rope_matches_transformers_formulation():

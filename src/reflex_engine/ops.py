@@ -227,11 +227,13 @@ class Ops(Protocol):
         """x (T, H*in) times a per-head stored (H, out, in) weight, head h by its own matrix
         -> (T, H*out)."""
 
-    def latent_attention(self, q: Tensor, kv: Tensor, *, cache: Any, layer: int, batch: Batch,
-                         n_heads: int, v_width: int, scale: float) -> Tensor:
-        """MLA's absorbed attention, multi-query over one latent row per token: write kv
-        (T, k_width) to the latent cache at batch.start; keys are the cached rows, values their
-        first v_width features. q (T, H*k_width) -> (T, H*v_width)."""
+    def latent_attention(self, q: tuple[Tensor, Tensor], kv: tuple[Tensor, Tensor], *, cache: Any, layer: int,
+                         batch: Batch, n_heads: int, scale: float) -> Tensor:
+        """MLA's absorbed attention, multi-query over one latent row per token: kv = (c (T, v_width),
+        k_rope (T, r)) written to the latent cache at batch.start as rows [c ; k_rope] of k_width =
+        v_width + r; keys are the cached rows, values their first v_width features. q = (q_lat
+        (T, H*v_width), q_rope (T, H*r)), each head's query the concat of its two parts -> (T, H*v_width).
+        Parts, not concatenated rows: a backend reads them where the model made them."""
 
     # -- Gated DeltaNet (qwen35, qwen3next): a recurrent state per layer instead of K and V. A batch
     # with start 0 begins a sequence from the zero state; any other continues the state as the

@@ -76,9 +76,9 @@ def mla_attention(ops, w, lw, cfg, cache, layer, batch, x, residual):
     c, k_pe = ops.split(linear(ops, x, lw.attn_kv_a_mqa), 1, (cfg.kv_lora_rank, n_rot))  # (T, kv_lora), (T, rope)
     c = ops.rms_norm(c, lw.attn_kv_a_norm, cfg.rms_eps)
     q_pe, k_pe = ops.ropes((q_pe, k_pe), batch.positions, n_rot, cfg.rope, freq_factors=w.rope_freqs)
-    q_latent = ops.concat([ops.head_matmul(q_nope, lw.attn_k_b), q_pe], cfg.n_heads)  # (T, H*(kv_lora+rope))
-    o_latent = ops.latent_attention(q_latent, ops.concat([c, k_pe], 1), cache=cache, layer=layer, batch=batch,
-                                    n_heads=cfg.n_heads, v_width=cfg.kv_lora_rank, scale=cfg.attn_scale)  # (T, H*kv_lora)
+    q_latent = (ops.head_matmul(q_nope, lw.attn_k_b), q_pe)  # per head [W_kb,h^T q_nope,h ; q_pe,h]: (T, H*kv_lora), (T, H*rope)
+    o_latent = ops.latent_attention(q_latent, (c, k_pe), cache=cache, layer=layer, batch=batch, n_heads=cfg.n_heads,
+                                    scale=cfg.attn_scale)  # (T, H*kv_lora)
     return linear(ops, ops.head_matmul(o_latent, lw.attn_v_b), lw.attn_output, add=residual)  # via (T, H*v_head)
 
 

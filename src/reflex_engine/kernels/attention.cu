@@ -10,19 +10,20 @@
 #define ATTN_MAX_SPLITS 64  // ops.py's ATTENTION_MAX_SPLITS
 #define ATTN_SPLIT_MIN_SLOTS 32  // one STEP of 8 slots a warp: shorter splits only add partials
 
-// Slots start..start+n_tok-1 get the rows of k and v. Grid: one block per token. Here and below
-// the first slot is read from device memory (*start_at), so a captured decode step replays at
-// every position.
+// Slots start..start+n_tok-1 get the rows of k and v (k_width and v_width floats), in cache rows k_stride and
+// v_stride halves apart: their own caches' widths, or, for MLA, one latent row [c ; k_rope] of both (v_cache
+// inside it). Grid: one block per token. Here and below the first slot is read from device memory (*start_at),
+// so a captured decode step replays at every position.
 extern "C" __global__ void __launch_bounds__(256)
 kv_store(const float* k, const float* v, __half* k_cache, __half* v_cache, int* slot_seg,
-         const int* seg, const int* start_at, int n_tok, int k_width, int v_width) {
+         const int* seg, const int* start_at, int n_tok, int k_width, int v_width, int k_stride, int v_stride) {
     follow_previous_kernel();
     const int i = blockIdx.x, start = *start_at;
     const size_t slot = (size_t)start + i;
     for (int c = threadIdx.x; c < k_width; c += blockDim.x)
-        k_cache[slot * k_width + c] = __float2half_rn(k[(size_t)i * k_width + c]);
+        k_cache[slot * k_stride + c] = __float2half_rn(k[(size_t)i * k_width + c]);
     for (int c = threadIdx.x; c < v_width; c += blockDim.x)
-        v_cache[slot * v_width + c] = __float2half_rn(v[(size_t)i * v_width + c]);
+        v_cache[slot * v_stride + c] = __float2half_rn(v[(size_t)i * v_width + c]);
     if (threadIdx.x == 0) slot_seg[slot] = seg[i];
 }
 

@@ -1,8 +1,8 @@
-// Multi-head latent attention (deepseek2): the head-wise split and concat around it, its YaRN RoPE,
-// and the absorbed attention over the latent cache. The cache is f16 (capacity, k_width) per layer,
-// one row a token (kv_lora_rank latent values, then the RoPE part), written by attention.cu's
-// kv_store with no value rows; slot_seg as there. Value rows are the first v_width features of each
-// cached row, so a row is read once for its score and its value.
+// Multi-head latent attention (deepseek2): the head-wise split around it, its YaRN RoPE, and the
+// absorbed attention over the latent cache. The cache is f16 (capacity, k_width) per layer, one row
+// a token (kv_lora_rank latent values, then the RoPE part), written by attention.cu's kv_store, the
+// latent as its k and the RoPE part as its v; slot_seg as there. Value rows are the first v_width
+// features of each cached row, so a row is read once for its score and its value.
 #include <float.h>
 #include "common.cuh"
 #include "flash.cuh"
@@ -10,6 +10,16 @@
 #define MLA_WARPS 8  // a decode step has only n_heads blocks: more warps split the slots further
 #define MLA_MAX_PER_LANE 18  // latent rows up to 576 = 18 * 32 features (DeepSeek's 512 + 64)
 #define MLA_STEP 2           // slots a warp has in flight at once
+
+// A query row r = token · n_heads + head of k_width features in its two parts, as the model makes them (no
+// concatenation between): the first v_width from lat (rows of v_width), the rest from rope (rows of k_width - v_width).
+struct LatentQuery {
+    const float *lat, *rope;
+    int k_width, v_width;
+    __device__ const float* at(size_t r, int d) const {
+        return d < v_width ? lat + r * v_width + d : rope + r * (k_width - v_width) + (d - v_width);
+    }
+};
 
 // Two copies of columns a row r of (n_rows, *) rows, each dst[r * dst_width + dst_offset + c] =
 // src[r * src_width + src_offset + c] for c < width (a second of width 0: none). Ops.split and Ops.concat with
@@ -64,7 +74,7 @@ extern "C" __global__ void rope_yarn_f32(const float* x0, float* y0, int heads0,
 
 // softmax(scale · q·row) · row[:v_width] for query token i (cache slot start + i) and query head h over
 // the cached rows j <= start + i of segment 0 or seg[i] (see ops.Batch): multi-query attention with
-// one latent row per slot. q (n_tok, n_heads * k_width), out (n_tok, n_heads * v_width). Block z of
+// one latent row per slot. q: (q_lat, q_rope), out (n_tok, n_heads * v_width). Block z of
 // gridDim.z takes the z-th of that many equal runs of the query's slots (lengths from *start_at, so a
 // captured graph replays at any position); its warps run online softmaxes over every MLA_WARPS-th run
 // of MLA_STEP slots and merge. With one split the block writes out; with more it writes its
@@ -74,8 +84,8 @@ extern "C" __global__ void rope_yarn_f32(const float* x0, float* y0, int heads0,
 // slots (-inf) and for a split that sees none.
 // LAUNCH: block = MLA_WARPS * 32, grid = (n_tok, n_heads, splits); v_width <= k_width <= 32 * MLA_MAX_PER_LANE.
 extern "C" __global__ void __launch_bounds__(MLA_WARPS * WARP)
-latent_attention(const float* q, const __half* cache, const int* slot_seg, const int* seg, float* out,
-                 const int* start_at, int n_heads, int k_width, int v_width, float scale, float* partials) {
+latent_attention(const float* q_lat, const float* q_rope, const __half* cache, const int* slot_seg, const int* seg,
+                 float* out, const int* start_at, int n_heads, int k_width, int v_width, float scale, float* partials) {
     follow_previous_kernel();
     __shared__ float merge_max[MLA_WARPS], merge_sum[MLA_WARPS];
     __shared__ float merge_acc[MLA_WARPS][MLA_MAX_PER_LANE * WARP];
@@ -83,12 +93,12 @@ latent_attention(const float* q, const __half* cache, const int* slot_seg, const
     const int n_slots = *start_at + i + 1, own_seg = seg[i];
     const int per_split = (n_slots + gridDim.z - 1) / gridDim.z;
     const int begin = blockIdx.z * per_split, end = min(n_slots, begin + per_split);
-    const float* q_row = q + ((size_t)i * n_heads + h) * k_width;
+    const LatentQuery q{q_lat, q_rope, k_width, v_width};
     float qv[MLA_MAX_PER_LANE], acc[MLA_MAX_PER_LANE];
 #pragma unroll
     for (int e = 0; e < MLA_MAX_PER_LANE; ++e) {
         const int d = e * WARP + lane;
-        qv[e] = d < k_width ? q_row[d] : 0.0f;
+        qv[e] = d < k_width ? *q.at((size_t)i * n_heads + h, d) : 0.0f;
         acc[e] = 0.0f;
     }
     float run_max = -FLT_MAX, run_sum = 0.0f;
@@ -189,7 +199,7 @@ latent_attention_combine(const float* partials, float* out, int splits, int v_wi
 
 // The latent attention on tensor cores, a flash attention 2 over MLA's one latent row a slot (flash.cuh's tile steps,
 // attention_prefill.cu's too): every head reads the same rows, so a block's 16 · ROW_WARPS query rows are (token, head)
-// pairs, row r = token · n_heads + head of q (n_tok · n_heads, k_width) and out (…, v_width), and each staged tile of
+// pairs, row r = token · n_heads + head of q (LatentQuery) and out (n_tok · n_heads, v_width), and each staged tile of
 // slots serves all of them. The block's Q (scaled by scale · log2(e), f16) stays in shared memory for the whole sweep,
 // beside two stages of MLA_MMA_SLOTS cache rows (cp.async). Of the values (a row's first v_width features, the rows
 // already staged) a block takes dims dv0.. dv0 + MLA_MMA_DV - 1 (grid y); its warps are ROW_WARPS groups of 16 rows
@@ -204,7 +214,7 @@ latent_attention_combine(const float* partials, float* out, int splits, int v_wi
 #define MLA_MMA_DV 256
 #define MLA_PREFILL_WARPS 8
 template <int ROW_WARPS, int DV_WARPS>
-__device__ __forceinline__ void latent_attend_mma(const float* q, const __half* cache, const int* slot_seg, const int* seg,
+__device__ __forceinline__ void latent_attend_mma(const LatentQuery& q, const __half* cache, const int* slot_seg, const int* seg,
                                                   float* out, float* partials, int start, int n_tok, int n_heads,
                                                   int k_width, int v_width, float scale) {
     constexpr int ROWS = 16 * ROW_WARPS, KT = MLA_MMA_SLOTS, DV = MLA_MMA_DV / DV_WARPS, THREADS = ROW_WARPS * DV_WARPS * WARP;
@@ -257,7 +267,7 @@ __device__ __forceinline__ void latent_attend_mma(const float* q, const __half* 
             const int i = i0 + p * THREADS, row = i / chunks, col = 8 * (i % chunks);
             a[p] = b[p] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (i < ROWS * chunks && row < n_r) {
-                const float4* src = reinterpret_cast<const float4*>(q + (size_t)(r0 + row) * k_width + col);
+                const float4* src = reinterpret_cast<const float4*>(q.at(r0 + row, col));  // 8 of one part
                 a[p] = src[0], b[p] = src[1];
             }
         }
@@ -336,10 +346,11 @@ __device__ __forceinline__ void latent_attend_mma(const float* q, const __half* 
 #define MLA_DECODE_WARPS 4
 #define LATENT_ATTENTION_MMA(name, ROW_WARPS, DV_WARPS)                                                               \
     extern "C" __global__ void __launch_bounds__(ROW_WARPS * DV_WARPS * WARP)                                          \
-        name(const float* q, const __half* cache, const int* slot_seg, const int* seg, float* out, const int* start_at, \
-             int n_tok, int n_heads, int k_width, int v_width, float scale, float* partials) {                          \
+        name(const float* q_lat, const float* q_rope, const __half* cache, const int* slot_seg, const int* seg,         \
+             float* out, const int* start_at, int n_tok, int n_heads, int k_width, int v_width, float scale,            \
+             float* partials) {                                                                                         \
         follow_previous_kernel();                                                                                      \
-        latent_attend_mma<ROW_WARPS, DV_WARPS>(q, cache, slot_seg, seg, out, partials, *start_at, n_tok, n_heads,      \
+        latent_attend_mma<ROW_WARPS, DV_WARPS>({q_lat, q_rope, k_width, v_width}, cache, slot_seg, seg, out, partials, *start_at, n_tok, n_heads,      \
                                                k_width, v_width, scale);                                               \
     }
 LATENT_ATTENTION_MMA(latent_attention_prefill, MLA_PREFILL_WARPS, 1)

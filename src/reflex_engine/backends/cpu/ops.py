@@ -161,10 +161,11 @@ class CpuOps:
         heads = x.reshape(x.shape[0], h, inner).transpose(1, 0, 2)  # (H, T, in)
         return (heads @ weight.transpose(0, 2, 1)).transpose(1, 0, 2).reshape(x.shape[0], h * out)
 
-    def latent_attention(self, q, kv, *, cache: KVCache, layer: int, batch: Batch, n_heads: int, v_width: int, scale: float):
+    def latent_attention(self, q, kv, *, cache: KVCache, layer: int, batch: Batch, n_heads: int, scale: float):
+        q, v_width = self.concat(q, n_heads), kv[0].shape[1]
         t, start = q.shape[0], batch.start
         end = start + t
-        cache.k[layer][start:end] = kv
+        cache.k[layer][start:end] = self.concat(kv, 1)
         cache.segments[start:end] = batch.segments
         rows = cache.k[layer][:end]  # (S, k_width): every head's keys; values are their first v_width
         scores = (q.reshape(t, n_heads, -1).transpose(1, 0, 2) @ rows.T) * np.float32(scale)  # (H, T, S)

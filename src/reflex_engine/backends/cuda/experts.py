@@ -214,17 +214,19 @@ class ExpertOps:
             second = pair[1] if len(pair) == 2 else (0, 0, 0, 0, 0, 0, 0)
             self.device.launch("copy_heads_f32", (n_rows,), 128, (*pair[0], *second))
 
-    def latent_attention(self, q, kv, *, cache, layer: int, batch: Batch, n_heads: int, v_width: int, scale: float):
-        dev, t, width = self.device, q.rows, kv.cols
-        if not v_width <= width <= MLA_MAX_WIDTH or q.cols != n_heads * width:
+    def latent_attention(self, q, kv, *, cache, layer: int, batch: Batch, n_heads: int, scale: float):
+        (q_lat, q_rope), (c, k_rope) = q, kv
+        dev, t, v_width = self.device, q_lat.rows, c.cols
+        width = v_width + k_rope.cols
+        if width > MLA_MAX_WIDTH or (q_lat.cols, q_rope.cols) != (n_heads * v_width, n_heads * k_rope.cols):
             raise ReflexError(f"latent attention over rows of {width} (values {v_width}): the CUDA kernel takes rows of at "
                               f"most {MLA_MAX_WIDTH}")
         if layer == cache.shape.kv_layers[0]:  # every layer's pass has the same slots
             self._segments = self._upload_ints("segments", batch.segments)
             self._start = self._upload_ints("start", [batch.start])
-        # attention.cu's kv_store, with no value rows: the values are the cached rows' first v_width
-        dev.launch("kv_store", (t,), 256, (kv.ptr, 0, cache.k[layer], 0, cache.segments, self._segments, self._start,
-                                           t, width, 0))
+        # attention.cu's kv_store writes the row [c ; k_rope], its two parts as k and v: the values are its first v_width
+        dev.launch("kv_store", (t,), 256, (c.ptr, k_rope.ptr, cache.k[layer], cache.k[layer] + 2 * v_width, cache.segments,
+                                           self._segments, self._start, t, v_width, k_rope.cols, width, width))
         out = self._new(t, n_heads * v_width)
         most_splits = _cuda_ops().ATTENTION_PARTIALS_BYTES // (4 * t * n_heads * (v_width + 2))
         if self._sm90 and width % 32 == 0 and v_width % MLA_MMA_DV == 0:
@@ -234,13 +236,13 @@ class ExpertOps:
             kernel, shared = f"latent_attention_{'prefill' if prompt else 'decode'}", mla_mma_shared(rows, width)
             dev.allow_shared(kernel, shared)
             dev.launch(kernel, (-(-t * n_heads // rows), v_width // MLA_MMA_DV, splits), 32 * warps,
-                       (q.ptr, cache.k[layer], cache.segments, self._segments, out.ptr, self._start, t, n_heads, width,
-                        v_width, scale, self._partials), shared)
+                       (q_lat.ptr, q_rope.ptr, cache.k[layer], cache.segments, self._segments, out.ptr, self._start, t,
+                        n_heads, width, v_width, scale, self._partials), shared)
         else:
             splits = max(1, min(MLA_MAX_SPLITS, -(-cache.shape.capacity // MLA_SPLIT_SLOTS), most_splits))
             dev.launch("latent_attention", (t, n_heads, splits), MLA_THREADS,
-                       (q.ptr, cache.k[layer], cache.segments, self._segments, out.ptr, self._start, n_heads, width, v_width,
-                        scale, self._partials))
+                       (q_lat.ptr, q_rope.ptr, cache.k[layer], cache.segments, self._segments, out.ptr, self._start,
+                        n_heads, width, v_width, scale, self._partials))
         if splits > 1:
             dev.launch("latent_attention_combine", (t, n_heads), 256, (self._partials, out.ptr, splits, v_width))
         return out

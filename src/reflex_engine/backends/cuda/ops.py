@@ -937,7 +937,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             self._launch_rope(rope, (cache.k[layer], cache.v[layer], v.ptr, v.cols, cache.segments, self._segments, self._start))
         else:
             dev.launch("kv_store", (t,), 256, (k.ptr, v.ptr, cache.k[layer], cache.v[layer], cache.segments, self._segments,
-                                               self._start, t, k.cols, v.cols))
+                                               self._start, t, k.cols, v.cols, k.cols, v.cols))
         out = self._new(t, n_heads * dv)
         args = (q.ptr, cache.k[layer], cache.v[layer], cache.segments, self._segments,
                 out.ptr, self._start, t, n_heads, n_kv_heads, dk, dv, scale)
@@ -1063,9 +1063,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 rows = min(MAX_BATCH, n_tokens - a)
                 kt = self._rows_from_host(parts[0][0], a, rows)
                 vt = self._rows_from_host(parts[1][0], a, rows) if len(parts) > 1 else kt  # latent: no value rows
+                v_width = 0 if shape.latent else shape.v_width
                 segs, start = self._upload_ints("segments", [0] * rows), self._upload_ints("start", [a])
                 dev.launch("kv_store", (rows,), 256, (kt.ptr, vt.ptr, cache.k[i], cache.v[i], cache.segments, segs, start,
-                                                      rows, shape.k_width, 0 if shape.latent else shape.v_width))
+                                                      rows, shape.k_width, v_width, shape.k_width, v_width))
                 del kt, vt
         if n_tokens:
             dev.drv.cuMemsetD32Async(cache.segments, 0, n_tokens, dev.stream)

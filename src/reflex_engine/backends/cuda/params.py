@@ -30,7 +30,7 @@ FAMILIES = {
 
 KERNELS = {
     # attention.cu, attention_prefill.cu
-    "kv_store": "PPPPPPPiii",
+    "kv_store": "PPPPPPPiiiii",
     "attention": "PPPPPPPiiiiifPPPP",
     "attention_cluster": "PPPPPPPiiiiifPPPP",
     "attention_group": "PPPPPPPiiiiifPPPP",
@@ -61,10 +61,10 @@ KERNELS = {
     # mla.cu
     "copy_heads_f32": "PPiiiiiPPiiiii",
     "rope_yarn_f32": "PPiPPPPiiidddddd",
-    "latent_attention": "PPPPPPiiifP",
+    "latent_attention": "PPPPPPPiiifP",
     "latent_attention_combine": "PPii",
-    "latent_attention_prefill": "PPPPPPiiiifP",
-    "latent_attention_decode": "PPPPPPiiiifP",
+    "latent_attention_prefill": "PPPPPPPiiiifP",
+    "latent_attention_decode": "PPPPPPPiiiifP",
     # moe.cu
     "moe_route": "PPPPiiiifii",
     "moe_group": "PiiPPPPii",
