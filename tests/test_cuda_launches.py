@@ -15,7 +15,7 @@ import pytest
 
 import reflex_engine
 from reflex_engine.backends.cuda import device as device_module
-from reflex_engine.backends.cuda import driver
+from reflex_engine.backends.cuda import driver, memory
 from reflex_engine.backends.cuda import ops as ops_module
 from reflex_engine.backends.cuda.params import param_format
 from reflex_engine.gguf.constants import GGML_BLOCK, GGMLType
@@ -314,34 +314,40 @@ def test_the_int16_matvec_writes_a_norms_share_only_in_one_wave_of_blocks(fake):
     for w, norm in zip(weights, norms):
         residual = ops.from_host(np.ones((1, w.n_rows), np.float32))
         lib.launches = []
-        fused.append(type(ops.rms_norm(ops.matmul(x, w, add=residual), norm, 1e-6)) is ops_module.NormedTensor)
+        fused.append(type(ops.rms_norm(ops.matmul(x, w, add=residual), norm, 1e-6)) is ops_module.LazyTensor)
         ops.device.release()
         kernels.append(next(name for name, *_ in lib.launches if name.startswith("matvec")))
     assert fused == [True, False, True, False, True, True, False, True]
     assert kernels[4:7] == ["matvec_x16_1_q6_K", "matvec_x16_1w_q6_K", "matvec_x16_1_q6_K"]
 
 
-def test_a_one_token_one_head_split_is_runs_of_its_row(fake):
+def test_a_split_copies_nothing_until_a_part_is_asked_for_its_address(fake):
     """A decode step's split of one head (MLA's latent and rope parts, Gated DeltaNet's q, k and v) at multiples of
-    32 features copies nothing: each part is its run of the row, the row kept alive while a part is. More tokens, more
-    heads or other cuts copy (copy_heads_f32)."""
+    32 features is runs of the row, the row kept alive while a part is. Other splits' parts are where they lie in the
+    tensor cut (memory.head_runs: for the rope, head_matmul's matvec and sigmoid_gate) until something asks for
+    one's address: then one copy_heads_f32 launch makes both."""
     lib = fake()
     ops = ops_module.CudaOps()
     ops.reserve([(GGMLType.F32, (576,))], CacheShape(1, 16, 64, 64), activation_width=2048)
     ops.commit_weights()
-    copies = []
     for n_tok, n_heads, widths in [(1, 1, (512, 64)), (1, 1, (32, 64, 96)), (2, 1, (512, 64)), (1, 2, (256, 32)),
                                    (1, 1, (48, 16))]:
         x = ops.from_host(np.ones((n_tok, n_heads * sum(widths)), np.float32))
+        address = x.ptr
         lib.launches = []
         parts = ops.split(x, n_heads, widths)
-        ops.device.synchronize()
-        copies.append(len(lib.launches))
-        if not copies[-1]:
-            assert [p.ptr - x.ptr for p in parts] == [4 * sum(widths[:i]) for i in range(len(widths))]
-            del x
+        del x
+        offsets = [4 * sum(widths[:i]) for i in range(len(widths))]
+        if n_tok == n_heads == 1 and widths != (48, 16):
+            assert [p.ptr - address for p in parts] == offsets
             assert parts[-1]._of.cols == sum(widths)  # the row outlives its name
-    assert copies == [0, 0, 1, 1, 1]
+        else:
+            assert [memory.head_runs(p) for p in parts] == [(address + o, w, sum(widths)) for o, w in zip(offsets, widths)]
+            ops.device.synchronize()
+            assert lib.launches == []
+            parts[1].ptr, parts[0].ptr
+            ops.device.synchronize()
+            assert [launch[0] for launch in lib.launches] == ["copy_heads_f32"]
 
 
 def test_a_norm_read_by_a_launch_of_many_waves_keeps_its_own_launch(fake):

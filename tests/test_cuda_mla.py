@@ -33,6 +33,37 @@ def test_split_and_concat_match_the_cpu(gpu, n_heads, widths, n_tok):
     np.testing.assert_array_equal(gpu.to_host(gpu.concat(parts, n_heads)), x)
 
 
+@pytest.mark.parametrize("n_tok", [1, 5])
+def test_a_splits_parts_are_read_where_they_lie(gpu, n_tok):
+    """The ropes (rope_f32 with its heads' norms, and rope_yarn_f32), head_matmul's matvec and sigmoid_gate read a
+    split's parts in the tensor cut (memory.head_runs: DeepSeek's q, Qwen3.5's gated query): the same bits as from
+    the parts copied, no copy launched; asked for its address, a part is made (copy_heads_f32)."""
+    n_heads, widths = 4, (64, 32)
+    norm = loaded(gpu, "norm", GGMLType.F32, (64,), rng.standard_normal(64).astype("<f4").tobytes())
+    w = loaded(gpu, "w", GGMLType.F32, (64, 16, n_heads), random_weight("F32", n_heads * 16, 64))
+    x = rng.standard_normal((n_tok, n_heads * sum(widths))).astype(np.float32)
+    y, k = (rng.standard_normal((n_tok, n_heads * n)).astype(np.float32) for n in (32, 64))
+    gpu.poison()
+    dy, dk = gpu.from_host(y), gpu.from_host(k)
+    copied = [gpu.from_host(np.ascontiguousarray(p)) for p in cpu.split(x, n_heads, widths)]
+    parts = gpu.split(gpu.from_host(x), n_heads, widths)
+    positions = list(range(7, 7 + n_tok))
+    neox, yarn = Rope(RopeMode.NEOX, 64, 10000.0), Rope(RopeMode.NORM, 32, 10000.0, 0.125, ext_factor=1.0, n_ctx_orig=64)
+
+    def products(a, b):
+        q, _ = gpu.ropes((a, dk), positions, 64, neox, norms=((norm, 1e-6), (norm, 1e-6)))
+        return [gpu.to_host(t) for t in (q, gpu.rope(b, positions, 32, yarn), gpu.head_matmul(a, w), gpu.sigmoid_gate(dy, b))]
+
+    want = products(*copied)
+    with recorded_launches(gpu) as launched:
+        got = products(*parts)
+    assert "copy_heads_f32" not in launched
+    for g, e in zip(got, want):
+        np.testing.assert_array_equal(g, e)
+    for part, expected in zip(parts, cpu.split(x, n_heads, widths)):
+        np.testing.assert_array_equal(gpu.to_host(part), expected)
+
+
 @pytest.mark.parametrize("qtype", KERNEL_TYPES)
 @pytest.mark.parametrize("n_tok", [1, 8, 9, 77])
 def test_head_matmul_matches_the_cpu(gpu, qtype, n_tok):

@@ -135,12 +135,12 @@ def device(fake, **machine):
 def test_the_buffer_follows_the_drivers_offsets_and_pads_as_c(fake):
     lib, dev = device(fake)
     lib.launches = []
-    dev.launch("rope_yarn_f32", (1,), 32, (1, 2, 5, 6, 7, 3, 0, 128, 64, True, 1e6, 0.5, 1.0, 2.0, 3.0, 0.75))
+    dev.launch("rope_yarn_f32", (1,), 32, (1, 2, 5, 6, 7, 3, 0, 128, 64, True, 1e6, 0.5, 1.0, 2.0, 3.0, 0.75, 192, 64))
     k = dev._kernels["rope_yarn_f32"]
-    assert k.size.value == 120  # 2 pointers, an int, 4 bytes of padding, 4 pointers, 3 ints, 4 bytes, 6 doubles from 72
+    assert k.size.value == 128  # 2 pointers, an int, 4 bytes of padding, 4 pointers, 3 ints, 4 bytes, 6 doubles from 72, 2 ints
     assert bytes(dev._args)[16:32] == struct.pack("<i4xQ", 5, 6)
     assert bytes(dev._args)[72:88] == struct.pack("<dd", 1e6, 0.5)
-    assert lib.launches[0][-1][-1] == struct.pack("<d", 0.75)
+    assert lib.launches[0][-1][-3:] == (struct.pack("<d", 0.75), struct.pack("<i", 192), struct.pack("<i", 64))
     lib.layouts["smoke"] = [(0, 8), (16, 8), (24, 4)]  # a table with a gap: its offsets, not the natural ones
     dev.launch("smoke", (1,), 32, (1, 2, 3))
     assert dev._kernels["smoke"].size.value == 28 and lib.launches[1][-1] == (struct.pack("<Q", 1), struct.pack("<Q", 2),

@@ -20,12 +20,15 @@ __device__ __forceinline__ int key_head(int h, int n_heads, int k_heads, int til
     return tiled ? h % k_heads : h / (n_heads / k_heads);
 }
 
-// y = x * sigmoid(gate): gate (T, cols) as x, or (T, 1) when gate_cols is 1.
+// y = x * sigmoid(gate), x's element i gated by gate[(i / run) · stride + (i % run) · step]: a tensor as x (run =
+// stride = its cols, step 1), one gate a token (run = cols, stride 1, step 0), or a split's part in place (run its
+// heads' width, stride theirs in the tensor cut, step 1).
 // LAUNCH: block 256, grid.x = ceil(n / 256), n = T * cols.
-extern "C" __global__ void sigmoid_gate_f32(const float* x, const float* gate, float* y, int64_t n, int cols, int gate_cols) {
+extern "C" __global__ void sigmoid_gate_f32(const float* x, const float* gate, float* y, int64_t n, int run, int stride,
+                                            int step) {
     follow_previous_kernel();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __fmul_rn(x[i], sigmoid_rn(gate[gate_cols == 1 ? i / cols : i]));
+    if (i < n) y[i] = __fmul_rn(x[i], sigmoid_rn(gate[i / run * stride + i % run * step]));
 }
 
 // g = ssm_a * softplus(alpha + dt_bias) (softplus as numpy's logaddexp(0, z)), b = sigmoid(beta); (T, H) each.

@@ -104,12 +104,13 @@ __device__ __forceinline__ void ask_l2_for_rope_constants(const float* norm0, co
 // *start_at + i: the rotated head rounded to f16, the head's share of v's row (v_width floats a token)
 // and, for the first head, the token's segment; the attention after then needs no kv_store. angles: the
 // pass's table (rope_angles), n_tok rows of ROPE_MAX_PAIRS, which the first head's blocks write unless
-// angles_ready.
+// angles_ready. x0's heads lie stride0 floats apart (head_dim where x0 is a tensor of its own, more where it is a
+// split's part read in place), x1's stride1; y's are dense.
 // LAUNCH: block = (n_rot / 2 rounded up to 32, capped at 256), grid = (n_tok, heads0 + heads1).
 extern "C" __global__ void rope_f32(const float* x0, float* y0, const float* norm0, int heads0, const float* x1, float* y1,
                                     const float* norm1, const int* pos, const float* freq_factors, int head_dim, int n_rot,
-                                    int neox, double base, double freq_scale, float eps, float2* angles, int angles_ready,
-                                    __half* k_cache, __half* v_cache, const float* v, int v_width, int* slot_seg,
+                                    int neox, double base, double freq_scale, float eps, int stride0, int stride1,
+                                    float2* angles, int angles_ready, __half* k_cache, __half* v_cache, const float* v, int v_width, int* slot_seg,
                                     const int* seg, const int* start_at) {
     ask_l2_for_rope_constants(norm0, norm1, heads0, head_dim, angles, angles_ready, n_rot);
     follow_previous_kernel_early();
@@ -121,17 +122,18 @@ extern "C" __global__ void rope_f32(const float* x0, float* y0, const float* nor
     const float* norm_w = second ? norm1 : norm0;
     const int n_heads = second ? gridDim.y - heads0 : heads0, h = second ? blockIdx.y - heads0 : blockIdx.y;
     const int64_t head = ((int64_t)blockIdx.x * n_heads + h) * head_dim;
+    const float* x_head = x + ((int64_t)blockIdx.x * n_heads + h) * (second ? stride1 : stride0);
     const bool store = second && k_cache;
     const int64_t slot = store ? (int64_t)*start_at + blockIdx.x : 0;
     __half* k_slot = store ? k_cache + slot * n_heads * head_dim + (int64_t)h * head_dim : nullptr;
     const RopeParams r{freq_factors, head_dim, n_rot, neox != 0, base, freq_scale, eps};
     rope_angles(r, pos[blockIdx.x], angles + blockIdx.x * ROPE_MAX_PAIRS, angles_ready, blockIdx.y == 0, cs);
     if (norm_w && threadIdx.x < WARP) {
-        const float s = head_norm_scale(x + head, r);
+        const float s = head_norm_scale(x_head, r);
         if (threadIdx.x == 0) scale = s;
     }
     __syncthreads();
-    rope_rotate(x + head, norm_w, scale, r, cs, [&](int i, float value) {
+    rope_rotate(x_head, norm_w, scale, r, cs, [&](int i, float value) {
         y[head + i] = value;
         if (store) k_slot[i] = __float2half_rn(value);
     });

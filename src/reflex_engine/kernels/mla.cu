@@ -43,17 +43,19 @@ extern "C" __global__ void copy_heads_f32(const float* src0, float* dst0, int sr
 // blends the interpolated pos·freq_scale·θ_i and the original pos·θ_i by mix = ramp_i·ext_factor,
 // ramp_i = 1 - clamp((i - low) / max(0.001, high - low), 0, 1) (ggml's rope_yarn_ramp, low and high its
 // corr dims); cos and sin are multiplied by magnitude. Two tensors of the same tokens a launch (MLA's q and k
-// rope parts): heads0 of x0's, then x1's (its heads the rest of grid y; x1 0 for none).
+// rope parts): heads0 of x0's, then x1's (its heads the rest of grid y; x1 0 for none). x0's heads lie stride0
+// floats apart (as rope_f32's), x1's stride1; y's are dense.
 // LAUNCH: block = (n_rot / 2 rounded up to 32, capped at 256), grid = (n_tok, heads0 + x1's heads).
 extern "C" __global__ void rope_yarn_f32(const float* x0, float* y0, int heads0, const float* x1, float* y1, const int* pos,
                                          const float* freq_factors, int head_dim, int n_rot, int neox, double base,
-                                         double freq_scale, double ext_factor, double low, double high, double magnitude) {
+                                         double freq_scale, double ext_factor, double low, double high, double magnitude,
+                                         int stride0, int stride1) {
     follow_previous_kernel();
     const bool second = blockIdx.y >= heads0;
-    const float* x = second ? x1 : x0;
-    float* y = second ? y1 : y0;
     const int heads = second ? gridDim.y - heads0 : heads0;
-    const int64_t head = ((int64_t)blockIdx.x * heads + blockIdx.y - (second ? heads0 : 0)) * head_dim;
+    const int64_t n = (int64_t)blockIdx.x * heads + blockIdx.y - (second ? heads0 : 0);  // the block's head of its tensor
+    const float* x = (second ? x1 : x0) + n * (second ? stride1 : stride0);
+    float* y = (second ? y1 : y0) + n * head_dim;
     const int half = n_rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         double inv_freq = pow(base, -2.0 * i / n_rot);
@@ -65,11 +67,11 @@ extern "C" __global__ void rope_yarn_f32(const float* x0, float* y0, int heads0,
         sincos(__dadd_rn(__dmul_rn(interp, 1.0 - mix), __dmul_rn(extrap, mix)), &s, &c);
         const float cs = (float)(c * magnitude), sn = (float)(s * magnitude);
         const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-        const float a = x[head + ia], b = x[head + ib];
-        y[head + ia] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-        y[head + ib] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+        const float a = x[ia], b = x[ib];
+        y[ia] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+        y[ib] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
     }
-    for (int i = n_rot + threadIdx.x; i < head_dim; i += blockDim.x) y[head + i] = x[head + i];
+    for (int i = n_rot + threadIdx.x; i < head_dim; i += blockDim.x) y[i] = x[i];
 }
 
 // softmax(scale · q·row) · row[:v_width] for query token i (cache slot start + i) and query head h over

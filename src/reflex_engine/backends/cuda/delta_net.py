@@ -13,6 +13,7 @@ from typing import NamedTuple
 from ...errors import ReflexError
 from ...gguf import GGMLType
 from ...ops import Batch, RecurrentShape
+from .memory import head_runs
 
 CONV_MAX_TAPS, DELTA_MAX_DK, CHUNK, SCAN_COLUMNS, PREP_THREADS = 8, 128, 64, 8, 512  # kernels/delta_net.cu
 
@@ -53,7 +54,11 @@ class DeltaNetOps:
 
     def sigmoid_gate(self, x, gate):
         out, n = self._new(x.rows, x.cols), x.rows * x.cols
-        self.device.launch("sigmoid_gate_f32", (-(-n // 256),), 256, (x.ptr, gate.ptr, out.ptr, n, x.cols, gate.cols))
+        if gate.cols == 1:  # one gate a token
+            address, run, stride, step = gate.ptr, x.cols, 1, 0
+        else:  # a split's part where it lies, or a tensor as it is
+            (address, run, stride), step = head_runs(gate), 1
+        self.device.launch("sigmoid_gate_f32", (-(-n // 256),), 256, (x.ptr, address, out.ptr, n, run, stride, step))
         return out
 
     def l2_norm(self, x, head_dim: int, eps: float):

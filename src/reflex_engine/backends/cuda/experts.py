@@ -14,7 +14,7 @@ from typing import Sequence
 from ...errors import ReflexError
 from ...gguf import tensor_nbytes
 from ...ops import Batch, Gating, Rope, Routes, Routing
-from .memory import RowRun
+from .memory import LazyTensor, RowRun, head_runs
 
 MOE_WARPS = 4  # kernels/moe.cu: output rows per block
 # past a decode pass's 8 tokens, experts take their tokens grouped (kernels/moe.cu moe_group), each
@@ -170,7 +170,7 @@ class ExpertOps:
         if x.cols != n_heads * weight.n_cols:
             raise ReflexError(f"internal error: head_matmul of width {x.cols} with {n_heads} heads of {weight.n_cols} columns")
         if x.rows <= GROUPED_MIN_TOKENS or not c.tile_fits(weight.ggml_type, weight.n_cols):
-            return self._stacked_matvec(x, weight, n_heads)
+            return self._stacked_matvec(x, weight, n_heads, heads=head_runs(x, weight.n_cols)[::2])
         out, kernel = self._new(x.rows, n_heads * weight.n_rows), _kernel("gemm_tile_heads", weight)
         self.device.allow_shared(kernel, c.GEMM_TILE_SHARED)
         self.device.launch(kernel, (-(-x.rows // c.GEMM_TILE_TOKENS), -(-weight.n_rows // c.GEMM_TILE_ROWS), n_heads),
@@ -178,14 +178,15 @@ class ExpertOps:
                                                     out.ptr, weight.n_rows, weight.n_cols, x.rows), c.GEMM_TILE_SHARED)
         return out
 
-    def _stacked_matvec(self, x, weight, n_slots: int, ids=None):
+    def _stacked_matvec(self, x, weight, n_slots: int, ids=None, heads=None):
         """(T, n_slots * n_rows): per token t and slot j, matrix ids[t, j] of the stacked weight times
-        x's row t (experts), or without ids matrix j times the row's j-th slice (heads)."""
+        x's row t (experts), or without ids matrix j times x's head j (heads: its address and stride, head_runs)."""
         out = self._new(x.rows, n_slots * weight.n_rows)
+        address, x_stride, slot_stride = (x.ptr, x.cols, 0) if heads is None else (heads[0], n_slots * heads[1], heads[1])
         self.device.launch(_kernel("stacked_matvec", weight), (x.rows * n_slots, -(-weight.n_rows // MOE_WARPS)),
                            32 * MOE_WARPS,
-                           (self._ready(weight), matrix_bytes(weight), ids.ptr if ids is not None else 0, x.ptr, out.ptr,
-                            weight.n_rows, weight.n_cols, n_slots, x.cols, 0 if ids is not None else weight.n_cols))
+                           (self._ready(weight), matrix_bytes(weight), ids.ptr if ids is not None else 0, address, out.ptr,
+                            weight.n_rows, weight.n_cols, n_slots, x_stride, slot_stride))
         return out
 
     def split(self, x, n_heads: int, widths: Sequence[int]):
@@ -194,10 +195,23 @@ class ExpertOps:
             # a decode step's one head: each part is a run of the row at a 128-byte step, where the kernels' 16-byte loads
             # and int16 blocks of 32 find it as in a buffer of its own; no copy
             return tuple(RowRun(x, offset, w) for w, offset in zip(widths, offsets))
-        parts = tuple(self._new(x.rows, n_heads * w) for w in widths)
-        self._copy_heads([(x.ptr, part.ptr, total, offset, w, 0, w) for part, w, offset in zip(parts, widths, offsets)],
-                         x.rows * n_heads)
-        return parts
+        # parts made (copied, two a launch) only when something asks for one's address: the rope, head_matmul's
+        # matvec and sigmoid_gate read them where they lie (memory.head_runs)
+        parts, copies, made = [], [], []
+        for w, offset in zip(widths, offsets):
+            part = LazyTensor(self._pool(x.rows), x.rows, n_heads * w)
+            part.heads = (x, 4 * offset, w, total)
+            parts.append(part)
+            copies.append((part.address, offset, w))
+
+        def make():
+            if not made:
+                made.append(True)
+                self._copy_heads([(x.ptr, dst, total, offset, w, 0, w) for dst, offset, w in copies], x.rows * n_heads)
+
+        for part in parts:
+            part.make = make
+        return tuple(parts)
 
     def concat(self, parts, n_heads: int):
         widths = [p.cols // n_heads for p in parts]

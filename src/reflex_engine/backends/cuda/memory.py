@@ -105,6 +105,55 @@ class Tensor:
             self._pool.give(self.cols, self.ptr)
 
 
+_ADDRESS = Tensor.__dict__["ptr"]  # Tensor's own slot, under LazyTensor's property
+
+
+class LazyTensor(Tensor):
+    """A tensor whose float values are made only when something first asks for their address (`make`): rms_norm's
+    output while the matvecs around it may take the norm over (CudaOps._fuse_norm), and a split's parts, which
+    kernels that read heads at a stride take where they lie (`heads`: the tensor cut, the part's byte offset in a
+    head, its width and the heads' stride in floats; head_runs)."""
+
+    __slots__ = ("make", "heads")
+
+    def __init__(self, pool: Pool, rows: int, cols: int):
+        self.make, self.heads = None, None
+        super().__init__(pool, rows, cols)
+
+    @property
+    def ptr(self) -> int:
+        if self.make is not None:
+            make, self.make = self.make, None
+            make()
+        return _ADDRESS.__get__(self)
+
+    @ptr.setter
+    def ptr(self, value: int) -> None:
+        _ADDRESS.__set__(self, value)
+
+    @property
+    def address(self) -> int:
+        """Where its values are or will be, nothing made."""
+        return _ADDRESS.__get__(self)
+
+    def __del__(self):
+        if hasattr(self, "_pool"):
+            self._pool.give(self.cols, _ADDRESS.__get__(self))
+
+
+def head_runs(x: Tensor, head: int | None = None) -> tuple[int, int, int]:
+    """(address of x's first head, its width, floats from one head to the next) for a kernel reading heads of `head`
+    floats (None: a row a head, or a split part's heads): a split's part where it lies in the tensor it was cut from,
+    nothing copied; any other tensor as it is."""
+    heads = getattr(x, "heads", None)
+    if heads is None:
+        return x.ptr, head or x.cols, head or x.cols
+    of, offset, width, stride = heads
+    if head not in (None, width):
+        raise ReflexError(f"internal error: heads of {head} read from a split's parts of {width}")
+    return of.ptr + offset, width, stride
+
+
 class RowRun(Tensor):
     """cols consecutive floats of a one-row tensor, from its feature `offset` on: no buffer of its own, and the
     tensor it lies in kept alive while it is."""

@@ -17,7 +17,7 @@ from ...ops import SAMPLED, Batch, CacheShape, Rope, RopeMode, StateArray
 from .delta_net import DeltaNetOps, RecurrentState, carve_states, check_shape, chunk_scratch_bytes
 from .device import Device
 from .experts import ExpertOps, yarn_args
-from .memory import Plan, Pool, Region, Tensor, aligned
+from .memory import LazyTensor, Plan, Pool, Region, Tensor, aligned, head_runs
 from .upload import Copy, Upload
 
 # types with their own kernels (kernels/quant_blocks.cuh); the rest become F16 at load
@@ -258,40 +258,10 @@ class HeldProduct(NamedTuple):
 
 
 NO_NORM = (0, 0, 0, 0, 0)  # a decode matvec's norm_w, norm_xq, norm_xds, norm_sums, tickets
-_ADDRESS = Tensor.__dict__["ptr"]  # Tensor's own slot, under NormedTensor's property
-
-
-class NormedTensor(Tensor):
-    """rms_norm's output of one token while the matvec making its input is held: the matvecs on both sides
-    may take the norm over (CudaOps._fuse_norm), and then its float values are made only when something
-    first asks for their address (`make`)."""
-
-    __slots__ = ("make",)
-
-    def __init__(self, pool: Pool, rows: int, cols: int):
-        self.make = None
-        super().__init__(pool, rows, cols)
-
-    @property
-    def ptr(self) -> int:
-        if self.make is not None:
-            make, self.make = self.make, None
-            make()
-        return _ADDRESS.__get__(self)
-
-    @ptr.setter
-    def ptr(self, value: int) -> None:
-        _ADDRESS.__set__(self, value)
-
-    def __del__(self):
-        if hasattr(self, "_pool"):
-            self._pool.give(self.cols, _ADDRESS.__get__(self))
-
-
 class PendingNorm(NamedTuple):
     """A norm of a held product (HeldProduct), itself held back for the matvecs reading its output."""
     product: HeldProduct
-    out: NormedTensor
+    out: LazyTensor  # rms_norm's output
     x: Tensor
     weight: Weight
     eps: float
@@ -605,7 +575,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             # finish it (_fuse_norm); the next launch of anything else makes both as they are first
             self.device.take_held()
             self._held_product = None
-            out = NormedTensor(self._pool(x.rows), x.rows, x.cols)
+            out = LazyTensor(self._pool(x.rows), x.rows, x.cols)
             pending = self._pending_norm = PendingNorm(product, out, x, weight, eps)
             self.device.hold(lambda: self._launch_unfused(pending))
             return out
@@ -633,7 +603,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         if self._pending_norm is pending:
             self._pending_norm = None
         self._launch_product(pending.product, NO_NORM)
-        self._launch_norm(pending.x, pending.weight, pending.eps, _ADDRESS.__get__(pending.out), pending.out)
+        self._launch_norm(pending.x, pending.weight, pending.eps, pending.out.address, pending.out)
 
     def _fuse_norm(self, pending: PendingNorm) -> None:
         """The pending norm taken over by the matvecs around it (kernels/x16.cuh NormOut): its input's matvec
@@ -646,7 +616,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
                                                self._norm_sums, self._tickets))
         out, x, weight, eps = pending.out, pending.x, pending.weight, pending.eps
         self._x16_of = (out, out.cols, X16(self._norm_xq, self._norm_xds, self._norm_sums, eps))
-        address = _ADDRESS.__get__(out)
+        address = out.address
         out.make = lambda: self._launch_norm(x, weight, eps, address, None)
 
     def _x16_beside(self, out: Tensor) -> tuple[int, int]:
@@ -894,22 +864,25 @@ class CudaOps(ExpertOps, DeltaNetOps):
             outs = [self._new(x.rows, x.cols) for x in xs]
             pairs = list(zip(xs, outs))
             for run in [pairs] if len(xs) == 2 and xs[0].rows == xs[1].rows else [[pair] for pair in pairs]:
-                # (x, y, heads) of each tensor, a second one absent (0, 0, 0)
-                (x0, y0, h0), (x1, y1, h1) = [(x.ptr, y.ptr, x.cols // head_dim) for x, y in run] + [(0, 0, 0)] * (2 - len(run))
-                self.device.launch("rope_yarn_f32", (run[0][0].rows, h0 + h1), block, (x0, y0, h0, x1, y1, *common) + yarn_args(rope))
+                # (x, its heads' stride, y, heads) of each tensor, a second one absent (0, 0, 0, 0)
+                (x0, s0, y0, h0), (x1, s1, y1, h1) = [(*head_runs(x, head_dim)[::2], y.ptr, x.cols // head_dim) for x, y in run] \
+                    + [(0, 0, 0, 0)] * (2 - len(run))
+                self.device.launch("rope_yarn_f32", (run[0][0].rows, h0 + h1), block,
+                                   (x0, y0, h0, x1, y1, *common) + yarn_args(rope) + (s0, s1))
             return outs
         if len(xs) > 2 or (len(xs) == 2 and (xs[0].rows != xs[1].rows or (norms[0] and norms[1] and norms[0][1] != norms[1][1]))):
             return [self.ropes((x,), positions, head_dim, rope, freq_factors, (n,))[0] for x, n in zip(xs, norms)]
         outs = [self._new(x.rows, x.cols) for x in xs]
         # (x, y, norm weight) of each tensor, an absent second one (0, 0, 0); one eps serves both
-        parts = [(x.ptr, y.ptr, self._ready(n[0]) if n else 0) for x, y, n in zip(xs, outs, norms)] + [(0, 0, 0)]
+        runs = [head_runs(x, head_dim)[::2] for x in xs] + [(0, 0)]
+        parts = [(address, y.ptr, self._ready(n[0]) if n else 0) for (address, _), y, n in zip(runs, outs, norms)] + [(0, 0, 0)]
         eps = next((n[1] for n in norms if n), 0.0)
         # the pass's first rope works out its tokens' angles into the table (in double: pow and sincos), the
         # rest of the pass reads them, which the stream's order makes safe: every later rope runs after it
         angles_of = (common[0], common[1], rope.n_rot, rope.base, rope.freq_scale)
         ready, self._angles_of = angles_of == self._angles_of, angles_of
         rope = HeldRope(tuple(xs), tuple(outs), (xs[0].rows, sum(x.cols for x in xs) // head_dim), block,
-                        (*parts[0], xs[0].cols // head_dim, *parts[1], *common, eps, self._angles, ready))
+                        (*parts[0], xs[0].cols // head_dim, *parts[1], *common, eps, runs[0][1], runs[1][1], self._angles, ready))
         # held back: the attention after q and k's rope writes k and v to its cache in this launch (attention)
         self._held_rope = rope
         self.device.hold(lambda: self._launch_rope(rope, NO_CACHE_WRITE))

@@ -37,7 +37,7 @@ KERNELS = {
     "attention_prefill": "PPPPPPPiiiiif",
     "attention_prefill_256": "PPPPPPPiiiiif",
     # delta_net.cu
-    "sigmoid_gate_f32": "PPPqii",
+    "sigmoid_gate_f32": "PPPqiii",
     "gdn_gates_f32": "PPPPPPii",
     "causal_conv1d_f32": "PPPPiiiii",
     "delta_rule_step": "PPPPPPPiiiiifi",
@@ -45,7 +45,7 @@ KERNELS = {
     "delta_rule_chunk_scan": "PPPPPPPPiiiiiifii",
     # elementwise.cu
     "norm_f32": "PPPifPP",
-    "rope_f32": "PPPiPPPPPiiiddfPiPPPiPPP",
+    "rope_f32": "PPPiPPPPPiiiddfiiPiPPPiPPP",
     "add_f32": "PPPq",
     "swiglu_f32": "PPPqPP",
     "take_rows_f32": "PPPi",
@@ -60,7 +60,7 @@ KERNELS = {
     "quantize_x16": "PPPi",
     # mla.cu
     "copy_heads_f32": "PPiiiiiPPiiiii",
-    "rope_yarn_f32": "PPiPPPPiiidddddd",
+    "rope_yarn_f32": "PPiPPPPiiiddddddii",
     "latent_attention": "PPPPPPPiiifP",
     "latent_attention_combine": "PPii",
     "latent_attention_prefill": "PPPPPPPiiiifP",
