@@ -170,7 +170,7 @@ class ExpertOps:
         if x.cols != n_heads * weight.n_cols:
             raise ReflexError(f"internal error: head_matmul of width {x.cols} with {n_heads} heads of {weight.n_cols} columns")
         if x.rows <= GROUPED_MIN_TOKENS or not c.tile_fits(weight.ggml_type, weight.n_cols):
-            return self._stacked_matvec(x, weight, n_heads, heads=head_runs(x, weight.n_cols)[::2])
+            return self._stacked_matvec(x, weight, n_heads, heads=head_runs(x, weight.n_cols))
         out, kernel = self._new(x.rows, n_heads * weight.n_rows), _kernel("gemm_tile_heads", weight)
         self.device.allow_shared(kernel, c.GEMM_TILE_SHARED)
         self.device.launch(kernel, (-(-x.rows // c.GEMM_TILE_TOKENS), -(-weight.n_rows // c.GEMM_TILE_ROWS), n_heads),
@@ -180,9 +180,9 @@ class ExpertOps:
 
     def _stacked_matvec(self, x, weight, n_slots: int, ids=None, heads=None):
         """(T, n_slots * n_rows): per token t and slot j, matrix ids[t, j] of the stacked weight times
-        x's row t (experts), or without ids matrix j times x's head j (heads: its address and stride, head_runs)."""
+        x's row t (experts), or without ids matrix j times x's head j (heads: memory.head_runs(x))."""
         out = self._new(x.rows, n_slots * weight.n_rows)
-        address, x_stride, slot_stride = (x.ptr, x.cols, 0) if heads is None else (heads[0], n_slots * heads[1], heads[1])
+        address, x_stride, slot_stride = (x.ptr, x.cols, 0) if heads is None else (heads.address, n_slots * heads.stride, heads.stride)
         self.device.launch(_kernel("stacked_matvec", weight), (x.rows * n_slots, -(-weight.n_rows // MOE_WARPS)),
                            32 * MOE_WARPS,
                            (self._ready(weight), matrix_bytes(weight), ids.ptr if ids is not None else 0, address, out.ptr,

@@ -141,17 +141,24 @@ class LazyTensor(Tensor):
             self._pool.give(self.cols, _ADDRESS.__get__(self))
 
 
-def head_runs(x: Tensor, head: int | None = None) -> tuple[int, int, int]:
-    """(address of x's first head, its width, floats from one head to the next) for a kernel reading heads of `head`
-    floats (None: a row a head, or a split part's heads): a split's part where it lies in the tensor it was cut from,
-    nothing copied; any other tensor as it is."""
+class HeadRuns(NamedTuple):
+    """Where a kernel finds a tensor's heads: the first one's address, their width, and floats from one to the next."""
+
+    address: int
+    width: int
+    stride: int
+
+
+def head_runs(x: Tensor, head: int | None = None) -> HeadRuns:
+    """x's heads of `head` floats (None: a row a head, or a split part's heads) for a kernel that reads them at a
+    stride: a split's part where it lies in the tensor it was cut from, nothing copied; any other tensor as it is."""
     heads = getattr(x, "heads", None)
     if heads is None:
-        return x.ptr, head or x.cols, head or x.cols
+        return HeadRuns(x.ptr, head or x.cols, head or x.cols)
     of, offset, width, stride = heads
     if head not in (None, width):
         raise ReflexError(f"internal error: heads of {head} read from a split's parts of {width}")
-    return of.ptr + offset, width, stride
+    return HeadRuns(of.ptr + offset, width, stride)
 
 
 class RowRun(Tensor):

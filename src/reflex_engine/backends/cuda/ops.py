@@ -258,6 +258,12 @@ class HeldProduct(NamedTuple):
 
 
 NO_NORM = (0, 0, 0, 0, 0)  # a decode matvec's norm_w, norm_xq, norm_xds, norm_sums, tickets
+
+
+def _address_stride(x: Tensor, head: int) -> tuple[int, int]:
+    """The rope kernels' x and its heads' stride (memory.head_runs)."""
+    runs = head_runs(x, head)
+    return runs.address, runs.stride
 class PendingNorm(NamedTuple):
     """A norm of a held product (HeldProduct), itself held back for the matvecs reading its output."""
     product: HeldProduct
@@ -865,7 +871,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             pairs = list(zip(xs, outs))
             for run in [pairs] if len(xs) == 2 and xs[0].rows == xs[1].rows else [[pair] for pair in pairs]:
                 # (x, its heads' stride, y, heads) of each tensor, a second one absent (0, 0, 0, 0)
-                (x0, s0, y0, h0), (x1, s1, y1, h1) = [(*head_runs(x, head_dim)[::2], y.ptr, x.cols // head_dim) for x, y in run] \
+                (x0, s0, y0, h0), (x1, s1, y1, h1) = [(*_address_stride(x, head_dim), y.ptr, x.cols // head_dim) for x, y in run] \
                     + [(0, 0, 0, 0)] * (2 - len(run))
                 self.device.launch("rope_yarn_f32", (run[0][0].rows, h0 + h1), block,
                                    (x0, y0, h0, x1, y1, *common) + yarn_args(rope) + (s0, s1))
@@ -874,7 +880,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             return [self.ropes((x,), positions, head_dim, rope, freq_factors, (n,))[0] for x, n in zip(xs, norms)]
         outs = [self._new(x.rows, x.cols) for x in xs]
         # (x, y, norm weight) of each tensor, an absent second one (0, 0, 0); one eps serves both
-        runs = [head_runs(x, head_dim)[::2] for x in xs] + [(0, 0)]
+        runs = [_address_stride(x, head_dim) for x in xs] + [(0, 0)]
         parts = [(address, y.ptr, self._ready(n[0]) if n else 0) for (address, _), y, n in zip(runs, outs, norms)] + [(0, 0, 0)]
         eps = next((n[1] for n in norms if n), 0.0)
         # the pass's first rope works out its tokens' angles into the table (in double: pow and sincos), the
@@ -1027,6 +1033,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
                     dev.upload(ptr, buffer_address(view), view.nbytes)  # pageable: staged before it returns
                 continue
             parts = [(arrays[f"blk.{i}.{kind}"], ptr) for kind, ptr, _ in cache.arrays(i)]
+            v_width = 0 if shape.latent else shape.v_width
             if parts[0][0].dtype == "f16":
                 for a, ptr in parts:
                     view = memoryview(a.data).cast("B")
@@ -1036,7 +1043,6 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 rows = min(MAX_BATCH, n_tokens - a)
                 kt = self._rows_from_host(parts[0][0], a, rows)
                 vt = self._rows_from_host(parts[1][0], a, rows) if len(parts) > 1 else kt  # latent: no value rows
-                v_width = 0 if shape.latent else shape.v_width
                 segs, start = self._upload_ints("segments", [0] * rows), self._upload_ints("start", [a])
                 dev.launch("kv_store", (rows,), 256, (kt.ptr, vt.ptr, cache.k[i], cache.v[i], cache.segments, segs, start,
                                                       rows, shape.k_width, v_width, shape.k_width, v_width))
