@@ -110,8 +110,8 @@ __device__ __forceinline__ void ask_l2_for_rope_constants(const float* norm0, co
 extern "C" __global__ void rope_f32(const float* x0, float* y0, const float* norm0, int heads0, const float* x1, float* y1,
                                     const float* norm1, const int* pos, const float* freq_factors, int head_dim, int n_rot,
                                     int neox, double base, double freq_scale, float eps, int stride0, int stride1,
-                                    float2* angles, int angles_ready, __half* k_cache, __half* v_cache, const float* v, int v_width, int* slot_seg,
-                                    const int* seg, const int* start_at) {
+                                    float2* angles, int angles_ready, __half* k_cache, __half* v_cache, const float* v,
+                                    int v_width, int* slot_seg, const int* seg, const int* start_at) {
     ask_l2_for_rope_constants(norm0, norm1, heads0, head_dim, angles, angles_ready, n_rot);
     follow_previous_kernel_early();
     __shared__ float2 cs[ROPE_MAX_PAIRS];

@@ -22,8 +22,8 @@ struct LatentQuery {
 };
 
 // Two copies of columns a row r of (n_rows, *) rows, each dst[r * dst_width + dst_offset + c] =
-// src[r * src_width + src_offset + c] for c < width (a second of width 0: none). Ops.split and Ops.concat with
-// r = token * n_heads + head, their parts two a launch: MLA's splits and concats are of two parts.
+// src[r * src_width + src_offset + c] for c < width (a second of width 0: none). Ops.split (its parts made when
+// something asks for one's address) and Ops.concat with r = token * n_heads + head, their parts two a launch.
 // LAUNCH: block = 128, grid.x = n_rows.
 __device__ __forceinline__ void copy_head(const float* src, float* dst, int src_width, int src_offset, int dst_width,
                                           int dst_offset, int width) {
