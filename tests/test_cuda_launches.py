@@ -834,3 +834,13 @@ def test_the_latent_attention_takes_the_tensor_core_kernels_on_sm90(fake, monkey
     for kernel, rows in (("latent_attention_prefill", 128), ("latent_attention_decode", 16)):
         shared = (rows + 2 * 32) * (width + 8) * 2 + 2 * 32 * 4
         assert ((kernel, driver.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared) in allowed) == (capability >= (9, 0))
+
+
+def test_tools_step_launches_counts_what_one_more_decode_step_launches(fake, monkeypatch):
+    """tools/step_launches.py (a decode step's launches before a device call): on the qwen3 fixture (two layers), the
+    launches of one step, each layer's rope and attention among them, and a step's one sampler launch."""
+    from step_launches import step_launches
+
+    monkeypatch.setenv("REFLEX_CUDA_GRAPHS", "0")
+    step = Counter(step_launches(MODEL, fake()))
+    assert step["rope_f32"] == step["attention_cluster"] == 2 and step["top_k"] == 1, step
