@@ -58,7 +58,12 @@ def main() -> None:
     ap.add_argument("--sequence", action="store_true", help="the step's launches in order too")
     args = ap.parse_args()
     os.environ["REFLEX_CUDA_GRAPHS"] = "0"
-    step = step_launches(args.model, install_fake_driver())
+    from reflex_engine.errors import ReflexError
+
+    try:
+        step = step_launches(args.model, install_fake_driver())
+    except ReflexError as e:
+        sys.exit(f"step_launches: {e}")
     print(f"{len(step)} launches a decode step")
     for kernel, n in Counter(step).most_common():
         print(f"{n:5d}  {kernel}")
@@ -67,4 +72,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -232,7 +232,10 @@ class ExpertOps:
         (q_lat, q_rope), (c, k_rope) = q, kv
         dev, t, v_width = self.device, q_lat.rows, c.cols
         width = v_width + k_rope.cols
-        if width > MLA_MAX_WIDTH or (q_lat.cols, q_rope.cols) != (n_heads * v_width, n_heads * k_rope.cols):
+        if (q_lat.cols, q_rope.cols) != (n_heads * v_width, n_heads * k_rope.cols):
+            raise ReflexError(f"internal error: latent attention's query parts of {q_lat.cols} and {q_rope.cols} are not "
+                              f"{n_heads} heads of its row's {v_width} and {k_rope.cols}")
+        if width > MLA_MAX_WIDTH:
             raise ReflexError(f"latent attention over rows of {width} (values {v_width}): the CUDA kernel takes rows of at "
                               f"most {MLA_MAX_WIDTH}")
         if layer == cache.shape.kv_layers[0]:  # every layer's pass has the same slots

@@ -264,6 +264,8 @@ def _address_stride(x: Tensor, head: int) -> tuple[int, int]:
     """The rope kernels' x and its heads' stride (memory.head_runs)."""
     runs = head_runs(x, head)
     return runs.address, runs.stride
+
+
 class PendingNorm(NamedTuple):
     """A norm of a held product (HeldProduct), itself held back for the matvecs reading its output."""
     product: HeldProduct
