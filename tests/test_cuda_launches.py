@@ -254,6 +254,66 @@ def test_a_held_rope_runs_before_anything_that_could_read_its_output(fake, betwe
     assert ("rope_f32", 0) in launches and names.count("rope_f32") == 1 and names[-2:] == ["kv_store", "attention"]
 
 
+def qkv_rope_attention(lib, v_type, n_cols=256, between=lambda ops, k: None, qk_type=GGMLType.Q4_K, q_heads=4):
+    """Two layers' q, k and v matmuls of one token (q_heads and 2 heads of 64; q and k qk_type, v v_type, n_cols
+    wide), the rope of q and k, between(ops, the roped k), then the attention; the launches of each layer but x's int16
+    blocks as (kernel, the rope form's tickets argument)."""
+    ops = ops_module.CudaOps()
+    shapes = [(qk_type, 64 * q_heads), (qk_type, 128), (v_type, 128)]
+    ops.reserve([(t, (n_cols, rows)) for t, rows in shapes] + [(GGMLType.F32, (64,))], CacheShape(2, 16, 128, 128),
+                activation_width=8 * max(n_cols, 64 * q_heads))
+    weights = [ops.load_weight("w", t, (n_cols, rows), bytes(rows * n_cols // GGML_BLOCK[t][0] * GGML_BLOCK[t][1]))
+               for t, rows in shapes]
+    norm = ops.load_weight("norm", GGMLType.F32, (64,), np.ones(64, np.float32).tobytes())
+    ops.commit_weights()
+    cache, batch, rope = ops.new_kv_cache(CacheShape(2, 16, 128, 128)), Batch.causal(range(1), 3), Rope(RopeMode.NEOX, 64, 10000.0)
+    x = ops.from_host(np.ones((1, n_cols), np.float32))
+    layers = []
+    for layer in range(2):
+        lib.launches = []
+        q, k, v = ops.matmuls(x, weights)
+        qr, kr = ops.ropes((q, k), batch.positions, 64, rope, norms=((norm, 1e-6), (norm, 1e-6)))
+        between(ops, kr)
+        ops.attention(qr, kr, v, cache=cache, layer=layer, batch=batch, n_heads=q_heads, n_kv_heads=2, scale=0.125)
+        ops.device.synchronize()
+        layers.append([(name, int.from_bytes(args[-1], "little") if "_rope_" in name else None)
+                       for name, *_, args in lib.launches if name not in ("upload", "download", "quantize_x16")])
+    return layers
+
+
+@pytest.mark.parametrize("v_type,n_cols,first,rope_form", [
+    (GGMLType.Q4_K, 256, None, "matvec_x16_1_rope_q4_K"),  # q, k and v one launch
+    (GGMLType.Q6_K, 256, "matvec_x16_1_q4_K", "matvec_x16_1_rope_q6_K"),  # q and k, then v
+    (GGMLType.Q4_K, 4096, None, "matvec_x16_bulk_rope_q4_K"),
+    (GGMLType.Q6_K, 4096, "matvec_x16_bulk_q4_K", "matvec_x16_1_rope_q6_K")], ids=["shared", "v-apart", "bulk", "bulk-v-apart"])
+def test_a_one_token_rope_of_q_and_k_is_made_by_the_launch_making_v(fake, v_type, n_cols, first, rope_form):
+    """Past the pass's first rope, whose launch works out its angles, the matvec launch making v makes q and k's
+    rope and the cache's writes (kernels/rope.cuh RopeOut): no rope_f32 and no kv_store between it and the
+    attention. Where q and k are that launch's too, each head's last block ropes it (its tickets); where they came
+    before it, its blocks rope them after their own rows (no tickets)."""
+    first_layer, second = qkv_rope_attention(fake(), v_type, n_cols)
+    assert [name for name, _ in first_layer][-2:] == ["rope_f32", "attention"]
+    assert [name for name, _ in second] == ([first] if first else []) + [rope_form, "attention"]
+    assert (second[-2][1] != 0) == (first is None)
+
+
+def test_a_rope_stays_apart_from_q_k_and_vs_launch_of_more_than_one_wave_of_int16_blocks(fake):
+    """Each of the int16 matvec's blocks of q and k takes its head's ticket behind a fence, which holds a second wave
+    back: a launch of q, k and v past the blocks the SMs hold at once (Q8_0's 8 an SM, on the fake's 132: 1,056)
+    keeps the rope a launch of its own."""
+    _, second = qkv_rope_attention(fake(), GGMLType.Q8_0, 4096, qk_type=GGMLType.Q8_0, q_heads=64)  # 1,088 blocks
+    assert [name for name, _ in second] == ["matvec_x16_1_q8_0", "rope_f32", "attention"]
+    _, second = qkv_rope_attention(fake(), GGMLType.Q8_0, 4096, qk_type=GGMLType.Q8_0, q_heads=60)  # 1,024
+    assert [name for name, _ in second] == ["matvec_x16_1_rope_q8_0", "attention"]
+
+
+def test_a_rope_with_anything_between_it_and_the_attention_runs_as_it_is(fake):
+    """A download of the roped k before the attention makes the held matvec and the rope as they are, and the
+    attention writes the cache itself."""
+    _, second = qkv_rope_attention(fake(), GGMLType.Q4_K, between=lambda ops, k: ops.to_host(k))
+    assert [name for name, _ in second] == ["matvec_x16_1_q4_K", "rope_f32", "kv_store", "attention"]
+
+
 def norm_between_matvecs(lib, then):
     """The launches of one token's Q4_K matvec (256 x 256) with the residual summed in, an RMSNorm of its
     product, then of then(ops, normed, weight); each as (kernel, whether it writes a norm's share, whether it
@@ -447,8 +507,10 @@ def test_a_decode_step_shares_launches_between_weights_of_one_kernel(record):
     next(steps)  # the prompt's pass and the first token
     names.clear()
     next(steps)  # one decode step (the last: none is queued after it)
-    # one token: q + k + v, o, gate + up, down a layer, then the head
-    assert matmul_launches(names) == {"matvec_x16_1_q4_K": 2 * 4 + 1}
+    # one token: q + k + v, o, gate + up, down a layer, then the head; the second layer's q + k + v launch ropes q
+    # and k and writes the cache (the first's rope works out the pass's angles in a launch of its own)
+    assert matmul_launches(names) == {"matvec_x16_1_q4_K": 2 * 4, "matvec_x16_1_rope_q4_K": 1}
+    assert names.count("rope_f32") == 1 and "kv_store" not in names
     # a decode step splits its bucket of slots (one grid for every position of it, as its graph replays it), and
     # the cluster of its splits merges them: no launch of its own
     assert names.count("attention_cluster") == 2 and "attention" not in names and "attention_combine" not in names
@@ -843,4 +905,5 @@ def test_tools_step_launches_counts_what_one_more_decode_step_launches(fake, mon
 
     monkeypatch.setenv("REFLEX_CUDA_GRAPHS", "0")
     step = Counter(step_launches(MODEL, fake()))
-    assert step["rope_f32"] == step["attention_cluster"] == 2 and step["top_k"] == 1, step
+    assert step["rope_f32"] == step["matvec_x16_1_rope_q4_K"] == 1 and step["attention_cluster"] == 2, step
+    assert step["top_k"] == 1, step

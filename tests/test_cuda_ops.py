@@ -498,6 +498,44 @@ def test_a_rope_that_writes_the_cache_stores_what_kv_store_does(gpu, mode):
     np.testing.assert_allclose(fused_cache[0].reshape(n, -1).astype(np.float32), want_k.astype(np.float32), rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("qk_type,v_type,width", [("Q4_K", "Q4_K", 1024), ("Q4_K", "Q6_K", 1024), ("Q8_0", "Q8_0", 512),
+                                                  ("Q4_K", "Q4_K", 4096), ("Q4_K", "Q6_K", 4096)],
+                         ids=["shared", "v-apart", "q8_0", "bulk", "bulk-v-apart"])
+def test_a_rope_made_by_the_launch_making_v_is_rope_f32s_to_the_bit(gpu, qk_type, v_type, width):
+    """Decode steps of two layers (8 query heads and 2 KV heads of 128): past the pass's first rope, the matvec launch
+    making v ropes q and k and writes the cache (kernels/rope.cuh RopeOut), in each form (q, k and v one launch, each
+    head roped by its last block; v a launch of its own after q and k, which its blocks rope; the int16 and the bulk
+    tensor-core matvecs). Its roped q and k, the cache and the attention are rope_f32's and kv_store's bit for bit."""
+    n_heads, n_kv, d = 8, 2, 128
+    shape = CacheShape(2, 64, n_kv * d, n_kv * d)
+    weights = [both(gpu, t, rows, width)[1] for t, rows in ((qk_type, n_heads * d), (qk_type, n_kv * d), (v_type, n_kv * d))]
+    norms = [(loaded(gpu, "n", GGMLType.F32, (d,), rng.standard_normal(d).astype(np.float32).tobytes()), 1e-6) for _ in range(2)]
+    rope = Rope(RopeMode.NEOX, d, 1000000.0)
+    xs = rng.standard_normal((4, 2, width)).astype(np.float32)
+    results = {}
+    with recorded_launches(gpu) as launched:
+        try:
+            for fused in (True, False):
+                gpu.fuse_ropes = fused
+                cache, outs = gpu.new_kv_cache(shape), []
+                for step, x in enumerate(xs):
+                    batch = Batch.causal(range(1), step)
+                    launched.clear()
+                    for layer in range(2):
+                        q, k, v = gpu.matmuls(host(gpu, x[layer : layer + 1]), weights)
+                        qr, kr = gpu.ropes((q, k), batch.positions, d, rope, norms=norms)
+                        o = gpu.attention(qr, kr, v, cache=cache, layer=layer, batch=batch, n_heads=n_heads, n_kv_heads=n_kv,
+                                          scale=d**-0.5)
+                        outs += [gpu.to_host(t) for t in (qr, kr, o)]
+                    assert ("rope_f32" in launched) and any("_rope_" in name for name in launched) == fused, launched
+                results[fused] = outs + [np.frombuffer(bytes(a.data), np.float16).copy() for a in gpu.export_cache(cache, len(xs))]
+        finally:
+            gpu.fuse_ropes = True
+    for a, b in zip(results[True], results[False]):
+        assert not np.isnan(a).any()
+        np.testing.assert_array_equal(a, b)
+
+
 def test_add_swiglu_take_rows(gpu):
     a, b = (rng.standard_normal((7, 333)).astype(np.float32) * 20 for _ in range(2))
     gpu.poison()

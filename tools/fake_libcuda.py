@@ -26,6 +26,7 @@ _SCALARS = {"int": "i", "int32_t": "i", "unsigned": "I", "unsigned int": "I", "u
             "long long": "q", "uint64_t": "Q", "size_t": "Q", "float": "f", "double": "d"}
 SIZES = {"P": 8, "i": 4, "I": 4, "q": 8, "Q": 8, "f": 4, "d": 8}
 _DEFINE = re.compile(r"\s*#\s*define\s+(\w+)\(([^)]*)\)(.*)")
+_PARAMS = re.compile(r"\s*#\s*define\s+([A-Z][A-Z0-9_]*_PARAMS)\s+(.*)")  # a list of parameters (rope.cuh ROPE_OUT_PARAMS)
 # an attribute macro (attention.cu's ATTN_CLUSTER_DIMS: a cluster's shape where the architecture has them) may
 # come before the launch bounds
 _KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:[A-Z][A-Z0-9_]*\s+)?(?:__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s*)?'
@@ -37,6 +38,7 @@ def kernel_formats(kernels_dir: str = KERNELS) -> dict[str, str]:
     i/I int/unsigned, q/Q 64-bit, f float, d double. Function-like macros (the per-quant-type
     families, KERNEL_TYPES(X)) are expanded as the preprocessor would for these files."""
     defines: dict[str, tuple[list[str], str]] = {}
+    constants: dict[str, str] = {}
     lines: list[str] = []
     for name in sorted(os.listdir(kernels_dir)):
         if not name.endswith((".cu", ".cuh")):
@@ -47,8 +49,11 @@ def kernel_formats(kernels_dir: str = KERNELS) -> dict[str, str]:
         src = re.sub(r"//[^\n]*", "", src).replace("\\\n", " ")
         for line in src.splitlines():
             m = _DEFINE.match(line)
+            constant = None if m else _PARAMS.match(line)
             if m:
                 defines[m[1]] = ([p.strip() for p in m[2].split(",")], m[3])
+            elif constant:
+                constants[constant[1]] = constant[2]
             elif not line.lstrip().startswith("#"):
                 lines.append(line)
     call = re.compile(r"\b(" + "|".join(map(re.escape, defines)) + r")\(([^()]*)\)") if defines else None
@@ -65,8 +70,11 @@ def kernel_formats(kernels_dir: str = KERNELS) -> dict[str, str]:
 
         return call.sub(one, text)
 
+    text = expand("\n".join(lines))
+    for name, body in constants.items():
+        text = re.sub(rf"\b{name}\b", body, text)
     found: dict[str, str] = {}
-    for m in _KERNEL.finditer(expand("\n".join(lines))):
+    for m in _KERNEL.finditer(text):
         params = [p.strip() for p in m[2].split(",") if p.strip() and p.strip() != "void"]
         found[m[1]] = "".join(_letter(m[1], p) for p in params)
     return found

@@ -62,6 +62,19 @@ __device__ __forceinline__ T* in_block_of_rank(T* p, int rank) {
 #endif
 }
 
+// Whether the calling warp is the last of `arrivals` to get here with this ticket (the classic last-block
+// reduction): each warp's writes before its call, fenced, are the last one's to read after it (through L2: __ldcg),
+// and the last sets the ticket back to 0 for the next launch. Every lane of the warp calls it.
+__device__ __forceinline__ bool last_to_arrive(int* ticket, int arrivals) {
+    __threadfence();
+    __syncwarp();
+    int t = 0;
+    if (threadIdx.x % WARP == 0) t = atomicAdd(ticket, 1);
+    if (__shfl_sync(0xffffffffu, t, 0) != arrivals - 1) return false;
+    if (threadIdx.x % WARP == 0) *ticket = 0;
+    return true;
+}
+
 struct Sum {
     template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
 };

@@ -2,6 +2,7 @@
 // Arithmetic follows the numpy backend operation for operation (explicit _rn intrinsics where
 // the compiler would otherwise contract a*b-c into one FMA), so results match it to rounding.
 #include "common.cuh"
+#include "rope.cuh"
 #include "x16.cuh"
 
 // y = x / sqrt(s + eps) * w over each group of d features, s the mean of the squares (RMSNorm) or, with
@@ -30,15 +31,6 @@ extern "C" __global__ void norm_f32(const float* x, const float* w, float* y, in
 
 #define ROPE_MAX_PAIRS 128  // n_rot up to 256: ops.py ROPE_MAX_DIMS
 
-// NEOX pairs (i, i + n_rot/2), NORM pairs (2i, 2i+1). eps is the head's RMSNorm's, where it has one.
-struct RopeParams {
-    const float* freq_factors;  // n_rot / 2 divisors of the frequencies, or null
-    int head_dim, n_rot;
-    bool neox;
-    double base, freq_scale;
-    float eps;
-};
-
 // cs[i] = (cos, sin) of pair i's angle at position pos, by the block's threads (the caller syncs before
 // reading them). Computed in double as the reference does, pos * freq_scale * base^(-2i/n_rot) / ff[i], into
 // the pass's table row of the token as well where `write`; or, where `ready`, read from that row, which
@@ -58,31 +50,6 @@ __device__ __forceinline__ void rope_angles(const RopeParams& r, int pos, float2
         cs[i] = make_float2((float)c, (float)s);
         if (write) table_row[i] = cs[i];
     }
-}
-
-// The RMSNorm divisor of head x (head_dim floats): sqrt(mean of squares + eps), by one warp (lanes sum dims
-// lane, lane + 32, ... in turn, then across the warp), so that rope_f32's one barrier after the angles serves
-// it too. Every lane gets it.
-__device__ __forceinline__ float head_norm_scale(const float* x, const RopeParams& r) {
-    float sq = 0.0f;
-    for (int i = threadIdx.x % WARP; i < r.head_dim; i += WARP) sq += x[i] * x[i];
-    return sqrtf(warp_sum(sq) / r.head_dim + r.eps);
-}
-
-// The head x rotated by the angles cs, normalized first where norm_w is given (x / scale * norm_w, scale from
-// head_norm_scale): put(i, value) for each of its dims, by the block's threads.
-template <class Put>
-__device__ __forceinline__ void rope_rotate(const float* x, const float* norm_w, float scale, const RopeParams& r,
-                                            const float2* cs, Put put) {
-    const auto in = [&](int i) { return norm_w ? __fmul_rn(__fdiv_rn(x[i], scale), norm_w[i]) : x[i]; };
-    const int half = r.n_rot / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const int ia = r.neox ? i : 2 * i, ib = r.neox ? i + half : 2 * i + 1;
-        const float a = in(ia), b = in(ib), c = cs[i].x, s = cs[i].y;
-        put(ia, __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-        put(ib, __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
-    }
-    for (int i = r.n_rot + threadIdx.x; i < r.head_dim; i += blockDim.x) put(i, in(i));
 }
 
 // Before the wait for the kernel before (the matvec making q and k): asks L2 for the head's norm weights and,

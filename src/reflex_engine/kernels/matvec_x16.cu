@@ -7,6 +7,7 @@
 // its rounding moves logits by 0.7-2.8% of their range, past CUDA's 5e-3; int16's by 1e-4.
 #include "common.cuh"
 #include "quant_blocks.cuh"
+#include "rope.cuh"
 #include "x16.cuh"
 
 constexpr int X16_MAX_TOKENS = 8;
@@ -254,6 +255,34 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
     store_row_sums(acc, partial, y, r0, n_rows, n_tok, add, x_sums ? norm_scale(x_sums, n_cols, eps) : 1.0f);
 }
 
+// One token's rows of the launch's weights (matvec_x16_1_<type> below), a block X16_DECODE_ROWS of them; then by
+// warp 0 the next norm's share (norm.w) and q and k's rope (rope; where v is the launch's one weight, the blocks
+// past its rows rope a head each).
+template <class B>
+__device__ __forceinline__ void matvec_x16_decode(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2,
+                                                  const uint8_t* xq, const float2* xds, float* y0, float* y1, float* y2,
+                                                  const float* add, int rows0, int rows1, int rows2, int n_cols,
+                                                  const float* x_sums, float eps, const NormOut& norm, const RopeOut* rope) {
+    int u = blockIdx.x;
+    const int v_blocks = (rows0 + X16_DECODE_ROWS - 1) / X16_DECODE_ROWS;
+    if (rope && !rope->tickets && u >= v_blocks) {
+        follow_previous_kernel();
+        if (threadIdx.x < WARP) rope_head(*rope, u - v_blocks);
+        return;
+    }
+    const int i = fused_part(u, X16_DECODE_ROWS, rows0, rows1);
+    if (threadIdx.x < WARP) ask_l2_for_store_reads(i == 0 ? add : nullptr, norm.w, u * X16_DECODE_ROWS);
+    matvec_x16<B, X16_DECODE_ROWS, 1>(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr,
+                                      u * X16_DECODE_ROWS, pick(i, rows0, rows1, rows2), n_cols, 1, x_sums, eps);
+    if (threadIdx.x >= WARP) return;  // warp 0 stored the block's rows, lane r row r0 + r
+    const int r0 = u * X16_DECODE_ROWS;
+    if (norm.w) store_normed_when_whole<X16_DECODE_ROWS>(y0, r0, norm);
+    if (!rope) return;
+    const float v = threadIdx.x < X16_DECODE_ROWS ? pick(i, y0, y1, y2)[r0 + threadIdx.x] : 0.0f;
+    const int h = rope_after_store<X16_DECODE_ROWS>(*rope, i, r0, pick(i, rows0, rows1, rows2), v);
+    if (h >= 0) rope_head(*rope, h);
+}
+
 // y_i (n_tok, rows_i) = x_deq · W_iᵀ for the launch's weights (common.cuh fused_part; + add, as y0, where not
 // null: the residual stream, given with one weight only), from quantize_x16's xq and xds of x (n_tok,
 // n_cols), in passes of 8 tokens, one a blockIdx.y. A block computes X16_ROWS (2) rows; its threads stride
@@ -275,15 +304,20 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
                float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols, \
                const float* x_sums, float eps, const float* norm_w, uint8_t* norm_xq, float2* norm_xds,     \
                float* norm_sums, int* tickets) {                                                            \
-        int u = blockIdx.x;                                                                                 \
-        const int i = fused_part(u, X16_DECODE_ROWS, rows0, rows1);                                         \
-        if (threadIdx.x < WARP) ask_l2_for_store_reads(i == 0 ? add : nullptr, norm_w, u * X16_DECODE_ROWS);   \
-        matvec_x16<B, X16_DECODE_ROWS, 1>(pick(i, W0, W1, W2), xq, xds, pick(i, y0, y1, y2), i == 0 ? add : nullptr, \
-                                          u * X16_DECODE_ROWS, pick(i, rows0, rows1, rows2), n_cols, 1, x_sums, eps); \
-        if (threadIdx.x >= WARP) return; /* warp 0 stored the block's rows */                               \
-        if (norm_w)                                                                                         \
-            store_normed_when_whole<X16_DECODE_ROWS>(y0, u * X16_DECODE_ROWS,                               \
-                                                     {norm_w, norm_xq, norm_xds, norm_sums, tickets});      \
+        matvec_x16_decode<B>(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols, x_sums, eps, \
+                             {norm_w, norm_xq, norm_xds, norm_sums, tickets}, nullptr);                     \
+    }
+// matvec_x16_1_rope_<type>: the same with q and k's rope and the cache's writes (rope.cuh RopeOut), for a one-token
+// pass's launch making v (grid: + the heads of q and k where v is its one weight): a kernel of its own, since that
+// code took the 64-register kernels to spilling.
+#define MATVEC_X16_1_ROPE_KERNEL(name, B, blocks)                                                           \
+    extern "C" __global__ void __launch_bounds__(X16_THREADS, blocks)                                       \
+        matvec_x16_1_rope_##name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, \
+                                 const float2* xds, float* y0, float* y1, float* y2, int rows0, int rows1,   \
+                                 int rows2, int n_cols, const float* x_sums, float eps, ROPE_OUT_PARAMS) {   \
+        const RopeOut rope = ROPE_OUT;                                                                      \
+        matvec_x16_decode<B>(W0, W1, W2, xq, xds, y0, y1, y2, nullptr, rows0, rows1, rows2, n_cols, x_sums, eps, {}, \
+                             &rope);                                                                        \
     }
 #define MATVEC_X16_KERNEL(name, B, blocks)                                                                  \
     extern "C" __global__ void __launch_bounds__(X16_THREADS, 5)                                            \
@@ -335,7 +369,8 @@ __device__ __forceinline__ void matvec_x16(const uint8_t* __restrict__ W, const 
         store_row_sums(acc, partial, y + (size_t)blockIdx.y * n_rows, r0, n_rows, 1,                        \
                        add ? add + (size_t)blockIdx.y * n_rows : nullptr);                                  \
     }
-#define X16_KERNELS(name, B, blocks) MATVEC_X16_KERNEL(name, B, blocks) EXPERTS_X16_KERNELS(name, B, blocks)
+#define X16_KERNELS(name, B, blocks) \
+    MATVEC_X16_KERNEL(name, B, blocks) MATVEC_X16_1_ROPE_KERNEL(name, B, blocks) EXPERTS_X16_KERNELS(name, B, blocks)
 X16_KERNELS(q4_0, block_q4_0, X16_DECODE_BLOCKS_AN_SM)
 X16_KERNELS(q5_0, block_q5_0, X16_DECODE_BLOCKS_AN_SM)
 X16_KERNELS(q8_0, block_q8_0, X16_DECODE_BLOCKS_AN_SM_64R)
@@ -347,3 +382,4 @@ MATVEC_X16_1_KERNEL(w_q6_K, block_q6_K, X16_DECODE_BLOCKS_AN_SM_64R)
 #undef EXPERTS_X16_KERNELS
 #undef MATVEC_X16_KERNEL
 #undef MATVEC_X16_1_KERNEL
+#undef MATVEC_X16_1_ROPE_KERNEL

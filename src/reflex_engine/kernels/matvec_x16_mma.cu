@@ -24,6 +24,7 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "quant_blocks.cuh"
+#include "rope.cuh"
 #include "x16.cuh"
 
 constexpr int XM_ROWS = 32;  // rows a block: two 16-row tiles a warp, each B (x) serving both
@@ -97,12 +98,12 @@ __device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mm
     }
 }
 
-// A group of 32 rows done, in warp 0 (lane l: row row0 + l): the warps' partial sums of each row in order,
+// A group of 32 rows done, by one warp (lane l: row row0 + l): the warps' partial sums of each row in order,
 // times scale (x16.cuh norm_scale: 1 but for a norm's readers), plus add where given, into y; then,
-// with norm.w, the group's share of the norm of y (rows of whole groups: every lane's row is in).
-__device__ __forceinline__ void store_group(const float (&partial)[XM_WARPS][XM_ROWS], int n_warps, float* __restrict__ y,
-                                            const float* __restrict__ add, int row0, int n_rows, float scale,
-                                            const NormOut& norm) {
+// with norm.w, the group's share of the norm of y (rows of whole groups: every lane's row is in). Returns the lane's.
+__device__ __forceinline__ float store_group(const float (&partial)[XM_WARPS][XM_ROWS], int n_warps, float* __restrict__ y,
+                                             const float* __restrict__ add, int row0, int n_rows, float scale,
+                                             const NormOut& norm) {
     const int lane = threadIdx.x % WARP, row = row0 + lane;
     float v = 0.0f;
     for (int w = 0; w < n_warps; ++w) v += partial[w][lane];
@@ -112,6 +113,7 @@ __device__ __forceinline__ void store_group(const float (&partial)[XM_WARPS][XM_
         y[row] = v;
     }
     if (norm.w) store_normed(v, row, norm);
+    return v;
 }
 
 // Rows row0.. row0 + 31 of y for one token; every thread of the block calls it, and it waits for the
@@ -240,12 +242,15 @@ __device__ __forceinline__ void load_staged(XmPart& p, uint8_t* stage, int sl, i
 }
 
 // Every group of 32 rows blockIdx.x + k·gridDim.x of the fused weights (common.cuh fused_part); every
-// thread of the block calls it. Its stages' copies start before the wait for the kernel before.
+// thread of the block calls it. Its stages' copies start before the wait for the kernel before. With rope, the
+// storing warp makes q and k's rope after the block's groups (rope.cuh RopeOut): a kernel of its own, since that
+// code beside the loop took the kernel from 103 registers to 111-122, past what two blocks and an early one of the
+// next launch fit (docs/perf-notes.md run 33).
 __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2,
                                                  const uint8_t* __restrict__ xq, const float2* __restrict__ xds,
                                                  float* y0, float* y1, float* y2, const float* __restrict__ add,
                                                  int rows0, int rows1, int rows2, int n_cols, const float* x_sums,
-                                                 float eps, const NormOut& norm) {
+                                                 float eps, const NormOut& norm, const RopeOut* rope) {
     extern __shared__ __align__(128) uint8_t stages[];
     __shared__ uint64_t full[XB_STAGES];
     __shared__ float partial[2][XM_WARPS][XM_ROWS];  // by the group's parity: the last one's may still be read
@@ -285,6 +290,7 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
 
     const int own_mma = c / 2 == g / 2 % 2 ? 2 * (g / 4) + g % 2 : -1;
     float acc[4] = {};
+    int due = -1;  // the q or k head the block's stores completed (rope_after_store)
     for (int k = 0; k < n_steps; ++k) {
         bulk_wait(&full[k % XB_STAGES], k / XB_STAGES % 2);
         XmPart part;
@@ -306,12 +312,14 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
         __syncthreads();  // the slot is free, the group's partial sums are in
         if (last && warp == XM_WARPS - 1) {  // the other warps go on to the next stage; warp 0 asks for the next one
             int i;
-            const int u = group_of(k, i);
-            store_group(mine, XM_WARPS, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS, pick(i, rows0, rows1, rows2),
-                        scale, norm);
+            const int u = group_of(k, i), n_rows = pick(i, rows0, rows1, rows2);
+            const float v = store_group(mine, XM_WARPS, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS, n_rows,
+                                        scale, norm);
+            if (rope) due = rope_after_store<XM_ROWS>(*rope, i, u * XM_ROWS, n_rows, v);
         }
         if (warp == 0 && k + XB_STAGES < n_steps) issue(k + XB_STAGES);
     }
+    if (rope && due >= 0 && warp == XM_WARPS - 1) rope_head(*rope, due);
 }
 
 // As matvec_x16_mma_q4_K, sm_90 on, for n_cols % (256 · XB_STAGE_SUPERS) == 0 and weights at 16-byte
@@ -324,5 +332,15 @@ extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, XB_BLOCKS_AN_SM)
                          const float* x_sums, float eps, const float* norm_w, uint8_t* norm_xq, float2* norm_xds,
                          float* norm_sums, int* tickets) {
     matvec_bulk_q4_K(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols, x_sums, eps,
-                     {norm_w, norm_xq, norm_xds, norm_sums, tickets});
+                     {norm_w, norm_xq, norm_xds, norm_sums, tickets}, nullptr);
+}
+
+// The same with q and k's rope and the cache's writes (rope.cuh RopeOut), for a one-token pass's launch making q, k
+// and v (its tickets), at most one group of rows a block (ops.py: a block's one due head).
+extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, XB_BLOCKS_AN_SM)
+    matvec_x16_bulk_rope_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,
+                              const float2* xds, float* y0, float* y1, float* y2, int rows0, int rows1, int rows2,
+                              int n_cols, const float* x_sums, float eps, ROPE_OUT_PARAMS) {
+    const RopeOut rope = ROPE_OUT;
+    matvec_bulk_q4_K(W0, W1, W2, xq, xds, y0, y1, y2, nullptr, rows0, rows1, rows2, n_cols, x_sums, eps, {}, &rope);
 }

@@ -87,19 +87,14 @@ __device__ __forceinline__ void store_normed(float y, int row, const NormOut& n)
 }
 
 // After a block's warp 0 stored its rows r0.. r0 + ROWS - 1 of y: the last of the 32 / ROWS blocks of their group
-// to do so (a ticket after a fence: the classic last-block reduction) writes the group's share of the norm. Every
-// lane of warp 0 calls it, and only they.
+// to do so (common.cuh last_to_arrive) writes the group's share of the norm. Every lane of warp 0 calls it, and
+// only they.
 template <int ROWS>
 __device__ __forceinline__ void store_normed_when_whole(const float* y, int r0, const NormOut& n) {
     static_assert(32 % ROWS == 0, "a group's rows lie in whole blocks");
     const int group = r0 / 32;
-    __threadfence();  // this lane's rows, before the ticket
-    __syncwarp();
-    int ticket = 0;
-    if (threadIdx.x == 0) ticket = atomicAdd(&n.tickets[group], 1);
-    if (__shfl_sync(0xffffffffu, ticket, 0) != 32 / ROWS - 1) return;
-    if (threadIdx.x == 0) n.tickets[group] = 0;
-    store_normed(__ldcg(y + 32 * group + threadIdx.x), 32 * group + threadIdx.x, n);
+    if (last_to_arrive(&n.tickets[group], 32 / ROWS))
+        store_normed(__ldcg(y + 32 * group + threadIdx.x), 32 * group + threadIdx.x, n);
 }
 
 // 1 / sqrt(Σ sums / n + eps) over the n / 32 groups' sums, in every lane of the warp (every lane calls it),

@@ -225,6 +225,16 @@ def gemm_splits(n_rows: Sequence[int], n_cols: int, tiles: int, target: int) -> 
     return max(splits), (*splits, *(1,) * (FUSED_WEIGHTS - len(splits)))
 
 
+class HeldMatvec(NamedTuple):
+    """A one-token pass's last launch of q, k and v's matmuls, held back for the rope after it (CudaOps.ropes), which
+    its rope form (kernels/rope.cuh RopeOut) may make: the launch making v, and q and k too where they share it."""
+    outs: tuple  # its products
+    before: tuple  # the products of the call's launches before it
+    group: Group
+    args: tuple  # every argument before the residual: weights, x's int16 blocks, products
+    tail: tuple  # and after it: rows, n_cols, x's norm sums and eps
+
+
 class HeldRope(NamedTuple):
     """A rope_f32 launch of q and k held back for the attention after it (CudaOps.ropes)."""
     inputs: tuple  # q and k before the rope: held, so their buffers stay theirs until it runs
@@ -232,6 +242,8 @@ class HeldRope(NamedTuple):
     grid: tuple[int, int]
     block: int
     args: tuple  # every argument before the cache's (NO_CACHE_WRITE where none)
+    matvec: HeldMatvec | None = None  # the launch making v, still held: the attention may give it this rope
+    rope_args: tuple = ()  # and then its rope form's arguments before the cache's
 
 
 NO_CACHE_WRITE = (0, 0, 0, 0, 0, 0, 0)  # rope_f32's k_cache, v_cache, v, v_width, slot_seg, seg, start_at
@@ -341,6 +353,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._captured_ints: dict[str, list[int]] | None = None  # while graph.py captures a pass
         self._readback = None  # pinned slots the sampler reads its device-made choices back through (cuda/sampler.py), made at its first `ahead`
         self._held_rope: HeldRope | None = None  # q and k's rope while the device holds its launch back
+        self._held_matvec: HeldMatvec | None = None  # q, k and v's last launch while the device holds it back
+        # a one-token pass's rope of q and k made by the launch making v (HeldMatvec)
+        self.fuse_ropes = True
         self._held_product: HeldProduct | None = None  # a residual's matvec while the device holds its launch back
         self._pending_norm: PendingNorm | None = None  # its norm, while the device holds both
         # a one-token pass's norms taken over by the matvecs around them (_fuse_norm)
@@ -384,7 +399,8 @@ class CudaOps(ExpertOps, DeltaNetOps):
         x16_bytes = aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width) + aligned(MATVEC_PASSES_MAX_TOKENS * self._x16_width // 4)
         # a fused norm's (_fuse_norm): one token's int16 blocks, then each group of 32's sum and ticket
         groups = -(-self._x16_width // 32)
-        norm_bytes = aligned(2 * self._x16_width) + aligned(8 * groups) + aligned(4 * groups) + aligned(4 * groups)
+        norm_bytes = aligned(2 * self._x16_width) + aligned(8 * groups) + aligned(4 * groups) + aligned(4 * groups) \
+            + aligned(4 * 2 * groups)
         scratch += x16_bytes + norm_bytes
         # three pools: decode-sized buffers (a step's addresses never move), the same for captured
         # passes alone (graph.py: one pass's buffers beside the other kept graphs' logits), and whole-pass ones
@@ -420,6 +436,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._norm_xq = s.carve(2 * self._x16_width)
         self._norm_xds, self._norm_sums, self._tickets = s.carve(8 * groups), s.carve(4 * groups), s.carve(4 * groups)
         self.device.drv.cuMemsetD32Async(self._tickets, 0, groups, self.device.stream)
+        # a fused rope's (HeldMatvec): a ticket a head of q and k, heads of a multiple of 32 features
+        self._head_tickets = s.carve(4 * 2 * groups)
+        self.device.drv.cuMemsetD32Async(self._head_tickets, 0, 2 * groups, self.device.stream)
         # (token class, the weights' addresses: carved once, never shared) -> the matmul's launches (_plan)
         self._plans: dict[tuple[int, ...], list[Group | tuple[Weight, str]]] = {}
 
@@ -644,7 +663,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         """Runs of up to MAX_FUSED weights of one type that take the same kernel go as one launch
         (its grid over all their rows), the rest one by one."""
         key = (token_class(x.rows), *[w.ptr for w in weights])
-        return self._matmul(x, self._plans.get(key) or self._plan(x, weights, key))
+        return self._matmul(x, self._plans.get(key) or self._plan(x, weights, key), qkv=len(weights) == 3)
 
     def _plan(self, x: Tensor, weights: Sequence[Weight], key: tuple[int, ...]) -> list[Group | tuple[Weight, str]]:
         """The launches of x times the weights, kept under key: a Group for each run that shares a
@@ -712,8 +731,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
         return Group(path, kernel, min(units, most or units), threads, weights, (*rows, *(0,) * absent, n_cols),
                      [0] * absent, rows, {}, shared)
 
-    def _matmul(self, x: Tensor, plan: list[Group | tuple[Weight, str]], add: Tensor | None = None) -> list[Tensor]:
-        """The plan's launches; add summed into the one product there is where given."""
+    def _matmul(self, x: Tensor, plan: list[Group | tuple[Weight, str]], add: Tensor | None = None,
+                qkv: bool = False) -> list[Tensor]:
+        """The plan's launches; add summed into the one product there is where given. qkv: the weights may be q, k
+        and v, whose last launch a rope may then take (HeldMatvec)."""
         outs: list[Tensor] = []
         dev = self.device
         pending = self._pending_norm
@@ -757,7 +778,11 @@ class CudaOps(ExpertOps, DeltaNetOps):
                            (*g.weights, src.xq, src.xds, *products, *g.rows, x.rows))
                 continue
             args = (*g.weights, src.xq, src.xds, *products, *g.rows, src.sums, src.eps)
-            if add is not None and len(plan) == 1 and self._may_write_norm(g, src):
+            if qkv and g is plan[-1] and self._has_rope_form(g):
+                held = self._held_matvec = HeldMatvec(tuple(outs[len(outs) - len(g.n_rows):]), tuple(outs[:len(outs) - len(g.n_rows)]),
+                                                      g, args[:-len(g.rows) - 3], args[-len(g.rows) - 2:])
+                dev.hold(lambda: self._launch_matvec(held))
+            elif add is not None and len(plan) == 1 and self._may_write_norm(g, src):
                 # the residual stream: held for a norm of it, which this launch may take a share of (rms_norm)
                 product = self._held_product = HeldProduct(outs[0], g.kernel, g.units, g.threads, args, g.shared)
                 dev.hold(lambda: self._launch_product(product, NO_NORM))
@@ -783,16 +808,37 @@ class CudaOps(ExpertOps, DeltaNetOps):
         return (self.fuse_norms and len(g.n_rows) == 1 and rows % 32 == 0 and rows <= self._x16_width and not src.sums
                 and (not g.kernel.startswith("matvec_x16_1") or g.units <= x16_decode_blocks_an_sm(g.kernel) * self.device.info.multiprocessors))
 
+    def _has_rope_form(self, g: Group) -> bool:
+        """Whether a one-token launch's kernel has a form that ropes q and k (kernels/rope.cuh RopeOut): the int16
+        matvec's where it makes v alone, or q, k and v in one wave of blocks (each block's ticket, a fence, held a
+        second wave back: H200, Qwen3-8B Q8_0's 1,536 blocks, decode 333 -> 320 tok/s, docs/perf-notes.md run 34);
+        the bulk matvec's where it makes q, k and v, each block at most one group of rows (it ropes a block's one due
+        head)."""
+        if not self.fuse_ropes:
+            return False
+        if g.kernel.startswith("matvec_x16_bulk_"):
+            return len(g.n_rows) == 3 and g.units == sum(-(-r // X16_MMA_ROWS) for r in g.n_rows)
+        return g.kernel.startswith("matvec_x16_1_") and (len(g.n_rows) == 1 or g.units <= self._x16_wave(g))
+
+    def _launch_matvec(self, held: HeldMatvec) -> None:
+        if self._held_matvec is held:
+            self._held_matvec = None
+        g = held.group
+        self.device.launch(g.kernel, (g.units,), g.threads, held.args + (0,) + held.tail + NO_NORM, g.shared)
+
     def _reads_norm_cheaply(self, g: Group) -> bool:
         """Whether a one-token launch may read a norm's output as its blocks (kernels/x16.cuh norm_scale): each block
         sums the norm's group sums before its products, which on a launch of many waves of int16 blocks costs more than
         the norm's own launch (H200, run 32: 8B's output head, 37,984 blocks, 187 us a step reading them against 164
         after a norm of 5). A wave: the launch bounds' registers hold that many blocks of 4 warps an SM, or more
-        narrower ones (Qwen3.5-0.8B's gate and up: 1,792 blocks of one warp, under one wave)."""
-        if not g.kernel.startswith("matvec_x16_1"):
-            return True
+        narrower ones (Qwen3.5-0.8B's gate and up: 1,792 blocks of one warp, under one wave: _x16_wave)."""
+        return not g.kernel.startswith("matvec_x16_1") or g.units <= X16_NORM_READER_MAX_WAVES * self._x16_wave(g)
+
+    def _x16_wave(self, g: Group) -> int:
+        """The blocks of a one-token int16 launch the SMs hold at once: its launch bounds' registers hold that many
+        blocks of 4 warps an SM, or more narrower ones (Qwen3.5-0.8B's gate and up: 1,792 blocks of one warp)."""
         resident = min(RESIDENT_BLOCKS_CAP, x16_decode_blocks_an_sm(g.kernel) * X16_THREADS // g.threads)
-        return g.units <= X16_NORM_READER_MAX_WAVES * resident * self.device.info.multiprocessors
+        return resident * self.device.info.multiprocessors
 
     def _matmul_one(self, x: Tensor, weight: Weight, path: str, add: Tensor | None) -> Tensor:
         """The kernels that take one weight: the float matvec passes and the long-prompt GEMM."""
@@ -880,6 +926,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
             return outs
         if len(xs) > 2 or (len(xs) == 2 and (xs[0].rows != xs[1].rows or (norms[0] and norms[1] and norms[0][1] != norms[1][1]))):
             return [self.ropes((x,), positions, head_dim, rope, freq_factors, (n,))[0] for x, n in zip(xs, norms)]
+        matvec = self._rope_rides_on(xs, head_dim)
+        if matvec is not None:
+            self.device.take_held()  # made below with this rope, or as it is before it
         outs = [self._new(x.rows, x.cols) for x in xs]
         # (x, y, norm weight) of each tensor, an absent second one (0, 0, 0); one eps serves both
         runs = [_address_stride(x, head_dim) for x in xs] + [(0, 0)]
@@ -889,17 +938,57 @@ class CudaOps(ExpertOps, DeltaNetOps):
         # rest of the pass reads them, which the stream's order makes safe: every later rope runs after it
         angles_of = (common[0], common[1], rope.n_rot, rope.base, rope.freq_scale)
         ready, self._angles_of = angles_of == self._angles_of, angles_of
+        rope_args = ()
+        if matvec is not None and ready:  # the angles made by the pass's first rope: the launch making v may make this one
+            (q, _, q_norm), (k, _, k_norm) = parts[:2]
+            rope_args = (q, k, outs[0].ptr, outs[1].ptr, q_norm, k_norm, xs[0].cols // head_dim, xs[1].cols // head_dim,
+                         head_dim, rope.n_rot, rope.mode is RopeMode.NEOX, eps, self._angles)
         rope = HeldRope(tuple(xs), tuple(outs), (xs[0].rows, sum(x.cols for x in xs) // head_dim), block,
-                        (*parts[0], xs[0].cols // head_dim, *parts[1], *common, eps, runs[0][1], runs[1][1], self._angles, ready))
+                        (*parts[0], xs[0].cols // head_dim, *parts[1], *common, eps, runs[0][1], runs[1][1], self._angles, ready),
+                        matvec, rope_args)
         # held back: the attention after q and k's rope writes k and v to its cache in this launch (attention)
         self._held_rope = rope
         self.device.hold(lambda: self._launch_rope(rope, NO_CACHE_WRITE))
         return outs
 
+    def _rope_rides_on(self, xs: Sequence[Tensor], head_dim: int) -> HeldMatvec | None:
+        """The held launch of q, k and v's matmuls (HeldMatvec) if the rope of xs may be made by it: one token's q and k
+        as they came, heads of a multiple of 32 features, both made by that launch (its weights 0 and 1, v its 2) or
+        both before it (v its one weight)."""
+        held = self._held_matvec
+        if held is None or len(xs) != 2 or xs[0].rows != 1 or head_dim % 32 \
+                or any(type(x) is not Tensor or x.cols % head_dim for x in xs) \
+                or (xs[0].cols + xs[1].cols) // head_dim > 2 * -(-self._x16_width // 32):
+            return None
+        q, k = xs
+        if held.outs[:2] == (q, k) and len(held.outs) == 3 or len(held.outs) == 1 and (q, k) == held.before[-2:]:
+            return held
+        return None
+
     def _launch_rope(self, rope: HeldRope, cache_write: tuple) -> None:
         if self._held_rope is rope:
             self._held_rope = None
+        if rope.matvec is not None:
+            self._launch_matvec(rope.matvec)
         self.device.launch("rope_f32", rope.grid, rope.block, rope.args + cache_write)
+
+    def _launch_matvec_rope(self, rope: HeldRope, cache: KVCache, layer: int) -> None:
+        """The held launch making v in its rope form (kernels/rope.cuh RopeOut): q and k's rope and the cache's writes
+        in it, no rope_f32 or kv_store launch between it and the attention. One launch and its wait fewer a layer."""
+        if self._held_rope is rope:
+            self._held_rope = None
+        held = rope.matvec
+        if self._held_matvec is held:
+            self._held_matvec = None
+        g = held.group
+        kernel = g.kernel.replace("_x16_1_", "_x16_1_rope_").replace("_x16_bulk_", "_x16_bulk_rope_")
+        if g.shared:
+            self.device.allow_shared(kernel, g.shared)
+        # q and k the launch's own: a ticket a head; made before it: a block a head past v's
+        shared = len(held.outs) == 3
+        self.device.launch(kernel, (g.units + (0 if shared else rope.grid[1]),), g.threads, held.args + held.tail + rope.rope_args
+                           + (cache.k[layer], cache.v[layer], cache.segments, self._segments, self._start,
+                              self._head_tickets if shared else 0), g.shared)
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, *, cache: KVCache, layer: int, batch: Batch,
                   n_heads: int, n_kv_heads: int, scale: float) -> Tensor:
@@ -914,7 +1003,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
             self._segments = self._upload_ints("segments", batch.segments)
             self._start = self._upload_ints("start", [batch.start])
         dk, dv = k.cols // n_kv_heads, v.cols // n_kv_heads
-        if rope is not None:
+        if rope is not None and rope.rope_args and v is rope.matvec.outs[-1] and not cache.shape.latent:
+            self._launch_matvec_rope(rope, cache, layer)
+        elif rope is not None:
             self._launch_rope(rope, (cache.k[layer], cache.v[layer], v.ptr, v.cols, cache.segments, self._segments, self._start))
         else:
             dev.launch("kv_store", (t,), 256, (k.ptr, v.ptr, cache.k[layer], cache.v[layer], cache.segments, self._segments,

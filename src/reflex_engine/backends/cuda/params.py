@@ -22,6 +22,9 @@ FAMILIES = {
     "matvec_x16_1w": "PPPPPPPPPiiiiPfPPPPP",
     "matvec_x16_mma": "PPPPPPPPPiiiiPfPPPPP",  # matvec_x16_mma.cu
     "matvec_x16_bulk": "PPPPPPPPPiiiiPfPPPPP",
+    # their rope forms (kernels/rope.cuh RopeOut): no residual, no norm share
+    "matvec_x16_1_rope": "PPPPPPPPiiiiPfPPPPPPiiiiifPPPPPPP",
+    "matvec_x16_bulk_rope": "PPPPPPPPiiiiPfPPPPPPiiiiifPPPPPPP",
     "stacked_matvec_x16": "PPqPPPPPiiiPf",
     "experts_down_x16": "PqPPPPPPiii",
     "stacked_matvec": "PqPPPiiiii",  # moe.cu
