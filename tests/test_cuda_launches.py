@@ -601,29 +601,31 @@ def test_rows_of_4096_columns_or_more_take_the_tensor_core_kernels(fake, monkeyp
     (kernels/gemm_frag.cu) run on tensor cores for rows of ops.MMA_MIN_COLS columns or more; narrower rows
     and the other types keep the int16 matvec and gemm.cu, faster there on the H200 (docs/perf-notes.md run 10).
     From sm_90 on, the Q4_K matvec streams its rows through shared memory by bulk copies: at most 2 blocks
-    an SM, each with its stages' shared memory allowed; before sm_90 its blocks load them into registers."""
+    an SM, each with its stages' shared memory allowed; a launch of at most one group of 32 rows an SM whose rows take
+    two stages of 16 warps or more (8B's downs: 4,096 rows of 12,288) takes blocks of 16 warps, one an SM. Before sm_90
+    its blocks load them into registers."""
     launched, allowed = recorded_launches(fake, monkeypatch, capability)
-    shapes = [(t, n_cols) for t in (GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q6_K) for n_cols in (1024, 4096)]
+    shapes = [(t, n_cols, 256) for t in (GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q6_K) for n_cols in (1024, 4096)] \
+        + [(GGMLType.Q4_K, 12288, 9000), (GGMLType.Q4_K, 12288, 4096)]
     ops = ops_module.CudaOps()
-    ops.reserve([(t, (n_cols, 256)) for t, n_cols in shapes] + [(GGMLType.Q4_K, (12288, 9000))], CacheShape(1, 16, 64, 64),
-                activation_width=4 * 4096)
+    ops.reserve([(t, (n_cols, n_rows)) for t, n_cols, n_rows in shapes], CacheShape(1, 16, 64, 64), activation_width=8 * 4096)
     weights = {}
-    for t, n_cols, n_rows in [(t, n_cols, 256) for t, n_cols in shapes] + [(GGMLType.Q4_K, 12288, 9000)]:
+    for t, n_cols, n_rows in shapes:
         block, size = GGML_BLOCK[t]
-        weights[t, n_cols] = ops.load_weight("w", t, (n_cols, n_rows), bytes(n_rows * n_cols // block * size))
+        weights[t, n_cols, n_rows] = ops.load_weight("w", t, (n_cols, n_rows), bytes(n_rows * n_cols // block * size))
     ops.commit_weights()
     chosen = {}
-    for (t, n_cols), w in weights.items():
+    for (t, n_cols, n_rows), w in weights.items():
         for n_tok in (1, 16) if n_cols < 12288 else (1,):
             x = ops.from_host(np.zeros((n_tok, n_cols), np.float32))
             launched.clear()
             ops.matmul(x, w)
-            chosen[t.name, n_cols, n_tok] = [(n, g[0], s) for n, g, s in launched if n.startswith(("gemm", "matvec"))]
+            chosen[t.name, n_cols, n_tok] = chosen[n_rows] = [(n, g[0], s) for n, g, s in launched if n.startswith(("gemm", "matvec"))]
     bulk = capability >= (9, 0)
     q4_k_1 = [("matvec_x16_bulk_q4_K", 8, ops_module.X16_BULK_SHARED)] if bulk else [("matvec_x16_mma_q4_K", 8, 0)]
     # 9,000 rows: 282 groups of 32 over 2 blocks an SM of the fake's 132
     wide_1 = [("matvec_x16_bulk_q4_K", 264, ops_module.X16_BULK_SHARED)] if bulk else [("matvec_x16_mma_q4_K", 282, 0)]
-    assert {k: [n for n, _, _ in v] for k, v in chosen.items() if k[1] != 12288} == {
+    assert {k: [n for n, _, _ in v] for k, v in chosen.items() if type(k) is tuple and k[1] != 12288} == {
         ("Q4_K", 1024, 1): ["matvec_x16_1_q4_K"], ("Q4_K", 1024, 16): ["gemm_q4_K"],
         ("Q4_K", 4096, 1): [q4_k_1[0][0]], ("Q4_K", 4096, 16): ["gemm_frag_q4_K"],
         ("Q8_0", 1024, 1): ["matvec_x16_1_q8_0"], ("Q8_0", 1024, 16): ["gemm_q8_0"],
@@ -631,10 +633,15 @@ def test_rows_of_4096_columns_or_more_take_the_tensor_core_kernels(fake, monkeyp
         ("Q6_K", 1024, 1): ["matvec_x16_1_q6_K"], ("Q6_K", 1024, 16): ["gemm_q6_K"],
         ("Q6_K", 4096, 1): ["matvec_x16_1_q6_K"], ("Q6_K", 4096, 16): ["gemm_q6_K"],
     }
-    assert chosen["Q4_K", 4096, 1] == q4_k_1 and chosen["Q4_K", 12288, 1] == wide_1
+    # 4,096 rows of 12,288: 128 groups, under the fake's 132 SMs, of three 16-warp stages
+    down_1 = [("matvec_x16_bulk16_q4_K", 128, ops_module.X16_BULK_WIDE_SHARED)] if bulk else [("matvec_x16_mma_q4_K", 128, 0)]
+    assert chosen["Q4_K", 4096, 1] == q4_k_1 and chosen[9000] == wide_1 and chosen[4096] == down_1
     assert all(smem == 0 for k, v in chosen.items() for n, _, smem in v if "bulk" not in n)
-    assert set(allowed) == ({("matvec_x16_bulk_q4_K", driver.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ops_module.X16_BULK_SHARED),
-                             ("matvec_x16_bulk_q4_K", driver.FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)} if bulk else set())
+    assert set(allowed) == ({(kernel, attribute, value) for kernel, shared in (("matvec_x16_bulk_q4_K", ops_module.X16_BULK_SHARED),
+                                                                                ("matvec_x16_bulk16_q4_K", ops_module.X16_BULK_WIDE_SHARED))
+                             for attribute, value in ((driver.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
+                                                      (driver.FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))}
+                            if bulk else set())
 
 
 @pytest.mark.parametrize("capability", [(9, 0), (8, 9)])

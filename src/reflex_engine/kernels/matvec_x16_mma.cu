@@ -101,7 +101,8 @@ __device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mm
 // A group of 32 rows done, by one warp (lane l: row row0 + l): the warps' partial sums of each row in order,
 // times scale (x16.cuh norm_scale: 1 but for a norm's readers), plus add where given, into y; then,
 // with norm.w, the group's share of the norm of y (rows of whole groups: every lane's row is in). Returns the lane's.
-__device__ __forceinline__ float store_group(const float (&partial)[XM_WARPS][XM_ROWS], int n_warps, float* __restrict__ y,
+template <int WARPS>
+__device__ __forceinline__ float store_group(const float (&partial)[WARPS][XM_ROWS], int n_warps, float* __restrict__ y,
                                              const float* __restrict__ add, int row0, int n_rows, float scale,
                                              const NormOut& norm) {
     const int lane = threadIdx.x % WARP, row = row0 + lane;
@@ -177,20 +178,26 @@ extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, 2)
 // runs 10-15); here a block's ring of XB_STAGES stages keeps the next in flight while it multiplies one, its
 // grid fills the SMs XB_BLOCKS_AN_SM deep and each block walks its groups of 32 rows in turn, so
 // that memory need not wait for the multiplies (8B's gate + up: 2.7 TB/s, DRAM 56% busy, run 16).
-// A stage is 32 rows x XB_STAGE_SUPERS superblocks (one a warp), a row's segment one bulk copy (lane
+// A stage is 32 rows x WARPS superblocks (one a warp), a row's segment one bulk copy (lane
 // r of warp 0 copies row r) onto an mbarrier; the even rows' segments lie first, then the odd rows'
 // 64 bytes further on, so that the 8 lanes of a 16-byte shared load (rows g and g + 1, 64 bytes
 // each) touch 32 different banks (yet ncu counted 3.9-way conflicts on 16% of the wavefronts).
-constexpr int XB_STAGE_SUPERS = XM_WARPS;
+template <int WARPS>
+struct BulkStage {
+    static constexpr int SEG = WARPS * (int)sizeof(block_q4_K);  // a row's bytes in a stage
+    static constexpr int ODD = (XM_ROWS / 2) * SEG + 64;  // where a stage's odd rows begin
+    static constexpr int BYTES = ODD + (XM_ROWS / 2) * SEG;
+    static_assert(SEG % 16 == 0 && ODD % 128 == 64 && BYTES % 16 == 0, "bulk copies move 16-byte units");
+    // row r's segment of a stage
+    static __device__ __forceinline__ uint8_t* row(uint8_t* stage, int r) { return stage + (r % 2 ? ODD : 0) + (r / 2) * SEG; }
+};
 // a block's ring of stages: with 2 blocks an SM, 2 of 36.9 KB each keep ~74 KB in flight an SM, past what memory's
 // latency asks (~30 KB a microsecond at 4 TB/s); 3 measured 1% slower (H200, 8B Q4_K_M decode 417.5 against
 // 421.7 tok/s, docs/perf-notes.md run 18), the SM's L1 left 37 KB less for x
 constexpr int XB_STAGES = 2;
 constexpr int XB_BLOCKS_AN_SM = 2;
-constexpr int XB_SEG = XB_STAGE_SUPERS * (int)sizeof(block_q4_K);  // a row's bytes in a stage
-constexpr int XB_ODD = (XM_ROWS / 2) * XB_SEG + 64;  // where a stage's odd rows begin
-constexpr int XB_STAGE_BYTES = XB_ODD + (XM_ROWS / 2) * XB_SEG;
-static_assert(XB_SEG % 16 == 0 && XB_ODD % 128 == 64 && XB_STAGE_BYTES % 16 == 0, "bulk copies move 16-byte units");
+// the wide form's warps (matvec_x16_bulk16_q4_K), its blocks one an SM
+constexpr int XB_WIDE_WARPS = 16;
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -227,16 +234,14 @@ __device__ __forceinline__ void bulk_wait(uint64_t* bar, uint32_t parity) {
 #endif
 }
 
-// Row r's segment of a stage.
-__device__ __forceinline__ uint8_t* stage_row(uint8_t* stage, int r) { return stage + (r % 2 ? XB_ODD : 0) + (r / 2) * XB_SEG; }
-
 // What matvec_mma_q4_K's lane loads of its superblock, from a stage: local superblock `sl` of its rows. The
 // pieces load_q4_K_pieces reads, but from shared addresses: through it (its 64-bit row offsets) a stage took
 // 421 SASS instructions, not 407.
+template <int WARPS>
 __device__ __forceinline__ void load_staged(XmPart& p, uint8_t* stage, int sl, int g, int c) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-        const uint4* b = reinterpret_cast<const uint4*>(stage_row(stage, g + 8 * r) + sizeof(block_q4_K) * sl);
+        const uint4* b = reinterpret_cast<const uint4*>(BulkStage<WARPS>::row(stage, g + 8 * r) + sizeof(block_q4_K) * sl);
         p.head[r] = b[0], p.qs[r][0] = b[1 + c], p.qs[r][1] = b[5 + c];
     }
 }
@@ -246,6 +251,7 @@ __device__ __forceinline__ void load_staged(XmPart& p, uint8_t* stage, int sl, i
 // storing warp makes q and k's rope after the block's groups (rope.cuh RopeOut): a kernel of its own, since that
 // code beside the loop took the kernel from 103 registers to 111-122, past what two blocks and an early one of the
 // next launch fit (docs/perf-notes.md run 33).
+template <int WARPS>
 __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2,
                                                  const uint8_t* __restrict__ xq, const float2* __restrict__ xds,
                                                  float* y0, float* y1, float* y2, const float* __restrict__ add,
@@ -253,9 +259,10 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
                                                  float eps, const NormOut& norm, const RopeOut* rope) {
     extern __shared__ __align__(128) uint8_t stages[];
     __shared__ uint64_t full[XB_STAGES];
-    __shared__ float partial[2][XM_WARPS][XM_ROWS];  // by the group's parity: the last one's may still be read
+    __shared__ float partial[2][WARPS][XM_ROWS];  // by the group's parity: the last one's may still be read
+    using Stage = BulkStage<WARPS>;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const int g = lane / 4, c = lane % 4, per_group = n_cols / 256 / XB_STAGE_SUPERS;
+    const int g = lane / 4, c = lane % 4, per_group = n_cols / 256 / WARPS;
     const int n_groups = (rows0 + XM_ROWS - 1) / XM_ROWS + (rows1 + XM_ROWS - 1) / XM_ROWS + (rows2 + XM_ROWS - 1) / XM_ROWS;
     const int n_steps = (n_groups - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * per_group;
     const size_t stride = row_bytes<block_q4_K>(n_cols);
@@ -273,14 +280,14 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
         int i;
         const int u = group_of(k, i), n_rows = pick(i, rows0, rows1, rows2);
         uint64_t* bar = &full[k % XB_STAGES];
-        if (lane == 0) bulk_expect(bar, XM_ROWS * XB_SEG);
+        if (lane == 0) bulk_expect(bar, XM_ROWS * Stage::SEG);
         __syncwarp();
         const uint8_t* row = pick(i, W0, W1, W2) + (size_t)min(u * XM_ROWS + lane, n_rows - 1) * stride;  // past n_rows: never stored
-        bulk_copy(stage_row(stages + k % XB_STAGES * XB_STAGE_BYTES, lane), row + (size_t)(k % per_group) * XB_SEG, XB_SEG, bar);
+        bulk_copy(Stage::row(stages + k % XB_STAGES * Stage::BYTES, lane), row + (size_t)(k % per_group) * Stage::SEG, Stage::SEG, bar);
     };
     if (warp == 0)
         for (int k = 0; k < min(XB_STAGES, n_steps); ++k) issue(k);
-    if (warp == XM_WARPS - 1 && n_steps > 0) {  // the warp storing the first group
+    if (warp == WARPS - 1 && n_steps > 0) {  // the warp storing the first group
         int i;
         const int row0 = group_of(0, i) * XM_ROWS;
         ask_l2_for_store_reads(i == 0 ? add : nullptr, norm.w, row0);
@@ -294,11 +301,11 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
     for (int k = 0; k < n_steps; ++k) {
         bulk_wait(&full[k % XB_STAGES], k / XB_STAGES % 2);
         XmPart part;
-        load_staged(part, stages + k % XB_STAGES * XB_STAGE_BYTES, warp, g, c);
-        load_x(part, xq, xds, k % per_group * XB_STAGE_SUPERS + warp, g, c, own_mma >= 0);
+        load_staged<WARPS>(part, stages + k % XB_STAGES * Stage::BYTES, warp, g, c);
+        load_x(part, xq, xds, k % per_group * WARPS + warp, g, c, own_mma >= 0);
         multiply_part(part, c, own_mma, acc);
         const bool last = k % per_group == per_group - 1;
-        float(&mine)[XM_WARPS][XM_ROWS] = partial[k / per_group % 2];
+        float(&mine)[WARPS][XM_ROWS] = partial[k / per_group % 2];
         if (last) {
 #pragma unroll
             for (int r = 0; r < 4; ++r) {  // the row's 4 lanes, then the warps in order
@@ -310,29 +317,29 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
             }
         }
         __syncthreads();  // the slot is free, the group's partial sums are in
-        if (last && warp == XM_WARPS - 1) {  // the other warps go on to the next stage; warp 0 asks for the next one
+        if (last && warp == WARPS - 1) {  // the other warps go on to the next stage; warp 0 asks for the next one
             int i;
             const int u = group_of(k, i), n_rows = pick(i, rows0, rows1, rows2);
-            const float v = store_group(mine, XM_WARPS, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS, n_rows,
+            const float v = store_group(mine, WARPS, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS, n_rows,
                                         scale, norm);
             if (rope) due = rope_after_store<XM_ROWS>(*rope, i, u * XM_ROWS, n_rows, v);
         }
         if (warp == 0 && k + XB_STAGES < n_steps) issue(k + XB_STAGES);
     }
-    if (rope && due >= 0 && warp == XM_WARPS - 1) rope_head(*rope, due);
+    if (rope && due >= 0 && warp == WARPS - 1) rope_head(*rope, due);
 }
 
-// As matvec_x16_mma_q4_K, sm_90 on, for n_cols % (256 · XB_STAGE_SUPERS) == 0 and weights at 16-byte
-// addresses (bulk copies).
+// As matvec_x16_mma_q4_K, sm_90 on, for n_cols % (256 · XM_WARPS) == 0 and weights at 16-byte addresses (bulk
+// copies).
 // LAUNCH: block = 32 · XM_WARPS; grid = min(Σ ceil(rows_i / XM_ROWS), XB_BLOCKS_AN_SM · SMs); dynamic
-// shared memory XB_STAGES · XB_STAGE_BYTES.
+// shared memory XB_STAGES · BulkStage<XM_WARPS>::BYTES.
 extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, XB_BLOCKS_AN_SM)
     matvec_x16_bulk_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds,
                          float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols,
                          const float* x_sums, float eps, const float* norm_w, uint8_t* norm_xq, float2* norm_xds,
                          float* norm_sums, int* tickets) {
-    matvec_bulk_q4_K(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols, x_sums, eps,
-                     {norm_w, norm_xq, norm_xds, norm_sums, tickets}, nullptr);
+    matvec_bulk_q4_K<XM_WARPS>(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols, x_sums, eps,
+                               {norm_w, norm_xq, norm_xds, norm_sums, tickets}, nullptr);
 }
 
 // The same with q and k's rope and the cache's writes (rope.cuh RopeOut), for a one-token pass's launch making q, k
@@ -342,5 +349,22 @@ extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, XB_BLOCKS_AN_SM)
                               const float2* xds, float* y0, float* y1, float* y2, int rows0, int rows1, int rows2,
                               int n_cols, const float* x_sums, float eps, ROPE_OUT_PARAMS) {
     const RopeOut rope = ROPE_OUT;
-    matvec_bulk_q4_K(W0, W1, W2, xq, xds, y0, y1, y2, nullptr, rows0, rows1, rows2, n_cols, x_sums, eps, {}, &rope);
+    matvec_bulk_q4_K<XM_WARPS>(W0, W1, W2, xq, xds, y0, y1, y2, nullptr, rows0, rows1, rows2, n_cols, x_sums, eps, {},
+                               &rope);
+}
+
+// The same at XB_WIDE_WARPS warps a block, one block an SM, for launches of at most one group of rows an SM whose rows
+// take several stages (8B's Q4_K downs: 128 groups of 48 superblocks): one block of 8 warps an SM multiplied their
+// stages in turn, each bound by its warps' chains of dependent mmas, at 1.8 TB/s; here twice the warps take each
+// stage, and the step's one launch of them lost only where a launch of several groups a block (gate, up) or one
+// stage a group (o) took them too (docs/perf-notes.md run 34).
+// LAUNCH: block = 32 · XB_WIDE_WARPS; grid = Σ ceil(rows_i / XM_ROWS) (at most SMs); dynamic shared memory
+// XB_STAGES · BulkStage<XB_WIDE_WARPS>::BYTES; n_cols % (256 · XB_WIDE_WARPS) == 0.
+extern "C" __global__ void __launch_bounds__(XB_WIDE_WARPS * WARP, 1)
+    matvec_x16_bulk16_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds,
+                           float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols,
+                           const float* x_sums, float eps, const float* norm_w, uint8_t* norm_xq, float2* norm_xds,
+                           float* norm_sums, int* tickets) {
+    matvec_bulk_q4_K<XB_WIDE_WARPS>(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols, x_sums, eps,
+                                    {norm_w, norm_xq, norm_xds, norm_sums, tickets}, nullptr);
 }

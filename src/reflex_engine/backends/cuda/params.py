@@ -22,6 +22,7 @@ FAMILIES = {
     "matvec_x16_1w": "PPPPPPPPPiiiiPfPPPPP",
     "matvec_x16_mma": "PPPPPPPPPiiiiPfPPPPP",  # matvec_x16_mma.cu
     "matvec_x16_bulk": "PPPPPPPPPiiiiPfPPPPP",
+    "matvec_x16_bulk16": "PPPPPPPPPiiiiPfPPPPP",
     # their rope forms (kernels/rope.cuh RopeOut): no residual, no norm share
     "matvec_x16_1_rope": "PPPPPPPPiiiiPfPPPPPPiiiiifPPPPPPP",
     "matvec_x16_bulk_rope": "PPPPPPPPiiiiPfPPPPPPiiiiifPPPPPPP",
