@@ -105,9 +105,8 @@ def kernel_bodies(source: str):
 
 # The decode matvecs' kernels wait inside their rows' function, once its first weights (which no
 # kernel writes) are asked for: kernel -> that function
-WAITS_AFTER_FIRST_WEIGHTS = {"matvec_x16_mma_q4_K": "matvec_mma_q4_K", "matvec_x16_bulk_q4_K": "matvec_bulk_q4_K",
-                             "matvec_x16_bulk_rope_q4_K": "matvec_bulk_q4_K", "matvec_x16_bulk16_q4_K": "matvec_bulk_q4_K",
-                             "matvec_x16_##name": "add_x16_dots",
+WAITS_AFTER_FIRST_WEIGHTS = {"matvec_x16_mma_q4_K": "matvec_mma_q4_K", "matvec_x16_bulk##suffix": "matvec_bulk_q4_K",
+                             "matvec_x16_bulk_rope_q4_K": "matvec_bulk_q4_K", "matvec_x16_##name": "add_x16_dots",
                              "matvec_x16_1##suffix": "add_x16_dots", "matvec_x16_1_rope_##name": "add_x16_dots"}
 # Kernels that first ask L2 for what no kernel they wait for writes, then wait (the decode attention: the cache
 # rows earlier passes wrote; the rope: its norm weights and the pass's angles): kernel -> that function

@@ -333,14 +333,26 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
 // copies).
 // LAUNCH: block = 32 · XM_WARPS; grid = min(Σ ceil(rows_i / XM_ROWS), XB_BLOCKS_AN_SM · SMs); dynamic
 // shared memory XB_STAGES · BulkStage<XM_WARPS>::BYTES.
-extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, XB_BLOCKS_AN_SM)
-    matvec_x16_bulk_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds,
-                         float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols,
-                         const float* x_sums, float eps, const float* norm_w, uint8_t* norm_xq, float2* norm_xds,
-                         float* norm_sums, int* tickets) {
-    matvec_bulk_q4_K<XM_WARPS>(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols, x_sums, eps,
-                               {norm_w, norm_xq, norm_xds, norm_sums, tickets}, nullptr);
-}
+// matvec_x16_bulk16_q4_K: the same at XB_WIDE_WARPS warps a block, one block an SM, for launches of at most one group
+// of rows an SM whose rows take several stages (8B's Q4_K downs: 128 groups of 48 superblocks): one block of 8 warps an
+// SM multiplied their stages in turn, each bound by its warps' chains of dependent mmas, at 1.8 TB/s; here twice the
+// warps take each stage (H200, Qwen3-8B Q4_K_M decode +0.8%; every bulk launch at 16 warps lost 3%: gate and up, o,
+// q, k and v gained nothing and left the launches after them no room to start early; docs/perf-notes.md run 34).
+// LAUNCH: block = 32 · XB_WIDE_WARPS; grid = Σ ceil(rows_i / XM_ROWS) (at most SMs); dynamic shared memory
+// XB_STAGES · BulkStage<XB_WIDE_WARPS>::BYTES; n_cols % (256 · XB_WIDE_WARPS) == 0.
+#define MATVEC_BULK_KERNEL(suffix, warps, blocks)                                                             \
+    extern "C" __global__ void __launch_bounds__(warps * WARP, blocks)                                        \
+        matvec_x16_bulk##suffix(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,   \
+                                const float2* xds, float* y0, float* y1, float* y2, const float* add, int rows0, \
+                                int rows1, int rows2, int n_cols, const float* x_sums, float eps,            \
+                                const float* norm_w, uint8_t* norm_xq, float2* norm_xds, float* norm_sums,   \
+                                int* tickets) {                                                              \
+        matvec_bulk_q4_K<warps>(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols, x_sums, eps, \
+                                {norm_w, norm_xq, norm_xds, norm_sums, tickets}, nullptr);                   \
+    }
+MATVEC_BULK_KERNEL(_q4_K, XM_WARPS, XB_BLOCKS_AN_SM)
+MATVEC_BULK_KERNEL(16_q4_K, XB_WIDE_WARPS, 1)
+#undef MATVEC_BULK_KERNEL
 
 // The same with q and k's rope and the cache's writes (rope.cuh RopeOut), for a one-token pass's launch making q, k
 // and v (its tickets), at most one group of rows a block (ops.py: a block's one due head).
@@ -351,20 +363,4 @@ extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, XB_BLOCKS_AN_SM)
     const RopeOut rope = ROPE_OUT;
     matvec_bulk_q4_K<XM_WARPS>(W0, W1, W2, xq, xds, y0, y1, y2, nullptr, rows0, rows1, rows2, n_cols, x_sums, eps, {},
                                &rope);
-}
-
-// The same at XB_WIDE_WARPS warps a block, one block an SM, for launches of at most one group of rows an SM whose rows
-// take several stages (8B's Q4_K downs: 128 groups of 48 superblocks): one block of 8 warps an SM multiplied their
-// stages in turn, each bound by its warps' chains of dependent mmas, at 1.8 TB/s; here twice the warps take each
-// stage, and the step's one launch of them lost only where a launch of several groups a block (gate, up) or one
-// stage a group (o) took them too (docs/perf-notes.md run 34).
-// LAUNCH: block = 32 · XB_WIDE_WARPS; grid = Σ ceil(rows_i / XM_ROWS) (at most SMs); dynamic shared memory
-// XB_STAGES · BulkStage<XB_WIDE_WARPS>::BYTES; n_cols % (256 · XB_WIDE_WARPS) == 0.
-extern "C" __global__ void __launch_bounds__(XB_WIDE_WARPS * WARP, 1)
-    matvec_x16_bulk16_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq, const float2* xds,
-                           float* y0, float* y1, float* y2, const float* add, int rows0, int rows1, int rows2, int n_cols,
-                           const float* x_sums, float eps, const float* norm_w, uint8_t* norm_xq, float2* norm_xds,
-                           float* norm_sums, int* tickets) {
-    matvec_bulk_q4_K<XB_WIDE_WARPS>(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols, x_sums, eps,
-                                    {norm_w, norm_xq, norm_xds, norm_sums, tickets}, nullptr);
 }

@@ -21,9 +21,12 @@ __device__ __forceinline__ float head_norm_scale(const float* x, const RopeParam
     return sqrtf(warp_sum(sq) / r.head_dim + r.eps);
 }
 
-// Dim i of a head's input to the rotation: x / scale * norm_w where the head is normed, else x.
+// A normed head's dim x as the rotation takes it, w its norm's weight: x / scale * w.
+__device__ __forceinline__ float rope_normed(float x, float scale, float w) { return __fmul_rn(__fdiv_rn(x, scale), w); }
+
+// Dim i of a head's input to the rotation: normed where the head has a norm (norm_w), else x.
 __device__ __forceinline__ float rope_input(float x, const float* norm_w, float scale, int i) {
-    return norm_w ? __fmul_rn(__fdiv_rn(x, scale), norm_w[i]) : x;
+    return norm_w ? rope_normed(x, scale, norm_w[i]) : x;
 }
 
 // Pair i's two dims, and the pair (a, b) of their inputs rotated by its angle cs = (cos, sin).
@@ -110,7 +113,7 @@ __device__ __forceinline__ void rope_head(const RopeOut& o, int h) {
     }
 #pragma unroll
     for (int j = 0; j < ROPE_LANE_DIMS; ++j)
-        if (lane + WARP * j < o.head_dim) normed[lane + WARP * j] = norm_w ? __fmul_rn(__fdiv_rn(v[j], scale), w[j]) : v[j];
+        if (lane + WARP * j < o.head_dim) normed[lane + WARP * j] = norm_w ? rope_normed(v[j], scale, w[j]) : v[j];
     __syncwarp();
     float* y = (is_k ? o.k_out : o.q_out) + (int64_t)head * o.head_dim;
     __half* k_slot = o.k_cache + (slot * o.k_heads + head) * o.head_dim;

@@ -237,7 +237,7 @@ class HeldMatvec(NamedTuple):
     outs: tuple  # its products
     before: tuple  # the products of the call's launches before it
     group: Group
-    args: tuple  # every argument before the residual: weights, x's int16 blocks, products
+    head: tuple  # its arguments before the residual's: weights, x's int16 blocks, products
     tail: tuple  # and after it: rows, n_cols, x's norm sums and eps
 
 
@@ -787,10 +787,11 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 dev.launch(g.kernel, (g.units, -(-x.rows // MATVEC_MAX_TOKENS)), g.threads,
                            (*g.weights, src.xq, src.xds, *products, *g.rows, x.rows))
                 continue
-            args = (*g.weights, src.xq, src.xds, *products, *g.rows, src.sums, src.eps)
+            head, tail = (*g.weights, src.xq, src.xds, *products[:-1]), (*g.rows, src.sums, src.eps)
+            args = (*head, products[-1], *tail)
             if qkv and g is plan[-1] and self._has_rope_form(g):
-                held = self._held_matvec = HeldMatvec(tuple(outs[len(outs) - len(g.n_rows):]), tuple(outs[:len(outs) - len(g.n_rows)]),
-                                                      g, args[:-len(g.rows) - 3], args[-len(g.rows) - 2:])
+                mine = len(g.n_rows)
+                held = self._held_matvec = HeldMatvec(tuple(outs[-mine:]), tuple(outs[:-mine]), g, head, tail)
                 dev.hold(lambda: self._launch_matvec(held))
             elif add is not None and len(plan) == 1 and self._may_write_norm(g, src):
                 # the residual stream: held for a norm of it, which this launch may take a share of (rms_norm)
@@ -834,7 +835,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
         if self._held_matvec is held:
             self._held_matvec = None
         g = held.group
-        self.device.launch(g.kernel, (g.units,), g.threads, held.args + (0,) + held.tail + NO_NORM, g.shared)
+        self.device.launch(g.kernel, (g.units,), g.threads, held.head + (0,) + held.tail + NO_NORM, g.shared)
 
     def _reads_norm_cheaply(self, g: Group) -> bool:
         """Whether a one-token launch may read a norm's output as its blocks (kernels/x16.cuh norm_scale): each block
@@ -996,7 +997,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             self.device.allow_shared(kernel, g.shared)
         # q and k the launch's own: a ticket a head; made before it: a block a head past v's
         shared = len(held.outs) == 3
-        self.device.launch(kernel, (g.units + (0 if shared else rope.grid[1]),), g.threads, held.args + held.tail + rope.rope_args
+        self.device.launch(kernel, (g.units + (0 if shared else rope.grid[1]),), g.threads, held.head + held.tail + rope.rope_args
                            + (cache.k[layer], cache.v[layer], cache.segments, self._segments, self._start,
                               self._head_tickets if shared else 0), g.shared)
 
