@@ -403,10 +403,10 @@ class CudaOps(ExpertOps, DeltaNetOps):
         # a matvec pass's x as int16 blocks (2 bytes an element, then 8 bytes (d, d·Σq) a block of 32)
         self._x16_width = max([activation_width] + [shape[0] for _, shape in tensors if len(shape) == 2])
         x16_bytes = aligned(2 * MATVEC_PASSES_MAX_TOKENS * self._x16_width) + aligned(MATVEC_PASSES_MAX_TOKENS * self._x16_width // 4)
-        # a fused norm's (_fuse_norm): one token's int16 blocks, then each group of 32's sum and ticket
+        # a fused norm's (_fuse_norm): one token's int16 blocks, then each group of 32's sum and ticket; beside the
+        # tickets a fused rope's (HeldMatvec): one a head of q and k, heads of a multiple of 32 features
         groups = -(-self._x16_width // 32)
-        norm_bytes = aligned(2 * self._x16_width) + aligned(8 * groups) + aligned(4 * groups) + aligned(4 * groups) \
-            + aligned(4 * 2 * groups)
+        norm_bytes = aligned(2 * self._x16_width) + aligned(8 * groups) + aligned(4 * groups) + aligned(4 * 3 * groups)
         scratch += x16_bytes + norm_bytes
         # three pools: decode-sized buffers (a step's addresses never move), the same for captured
         # passes alone (graph.py: one pass's buffers beside the other kept graphs' logits), and whole-pass ones
@@ -440,11 +440,9 @@ class CudaOps(ExpertOps, DeltaNetOps):
         self._plain_x16 = X16(self._xq, self._xds)
         self._x16_of: tuple[Tensor, int, X16] | None = None  # (tensor, elements, where) of the int16 blocks made last
         self._norm_xq = s.carve(2 * self._x16_width)
-        self._norm_xds, self._norm_sums, self._tickets = s.carve(8 * groups), s.carve(4 * groups), s.carve(4 * groups)
-        self.device.drv.cuMemsetD32Async(self._tickets, 0, groups, self.device.stream)
-        # a fused rope's (HeldMatvec): a ticket a head of q and k, heads of a multiple of 32 features
-        self._head_tickets = s.carve(4 * 2 * groups)
-        self.device.drv.cuMemsetD32Async(self._head_tickets, 0, 2 * groups, self.device.stream)
+        self._norm_xds, self._norm_sums, self._tickets = s.carve(8 * groups), s.carve(4 * groups), s.carve(4 * 3 * groups)
+        self._head_tickets = self._tickets + 4 * groups
+        self.device.drv.cuMemsetD32Async(self._tickets, 0, 3 * groups, self.device.stream)  # both kinds, one call
         # (token class, the weights' addresses: carved once, never shared) -> the matmul's launches (_plan)
         self._plans: dict[tuple[int, ...], list[Group | tuple[Weight, str]]] = {}
 
@@ -1014,7 +1012,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
             self._segments = self._upload_ints("segments", batch.segments)
             self._start = self._upload_ints("start", [batch.start])
         dk, dv = k.cols // n_kv_heads, v.cols // n_kv_heads
-        if rope is not None and rope.rope_args and v is rope.matvec.outs[-1] and not cache.shape.latent:
+        if rope is not None and rope.rope_args and v is rope.matvec.outs[-1]:
             self._launch_matvec_rope(rope, cache, layer)
         elif rope is not None:
             self._launch_rope(rope, (cache.k[layer], cache.v[layer], v.ptr, v.cols, cache.segments, self._segments, self._start))
