@@ -602,7 +602,7 @@ def test_rows_of_4096_columns_or_more_take_the_tensor_core_kernels(fake, monkeyp
     and the other types keep the int16 matvec and gemm.cu, faster there on the H200 (docs/perf-notes.md run 10).
     From sm_90 on, the Q4_K matvec streams its rows through shared memory by bulk copies: at most 2 blocks
     an SM, each with its stages' shared memory allowed; a launch of at most one group of 32 rows an SM whose rows take
-    two stages of 16 warps or more (8B's downs: 4,096 rows of 12,288) takes blocks of 16 warps, one an SM. Before sm_90
+    8,192 columns or more (8B's downs: 4,096 rows of 12,288) takes blocks of 16 warps, one an SM. Before sm_90
     its blocks load them into registers."""
     launched, allowed = recorded_launches(fake, monkeypatch, capability)
     shapes = [(t, n_cols, 256) for t in (GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q6_K) for n_cols in (1024, 4096)] \
@@ -633,7 +633,7 @@ def test_rows_of_4096_columns_or_more_take_the_tensor_core_kernels(fake, monkeyp
         ("Q6_K", 1024, 1): ["matvec_x16_1_q6_K"], ("Q6_K", 1024, 16): ["gemm_q6_K"],
         ("Q6_K", 4096, 1): ["matvec_x16_1_q6_K"], ("Q6_K", 4096, 16): ["gemm_q6_K"],
     }
-    # 4,096 rows of 12,288: 128 groups, under the fake's 132 SMs, of three 16-warp stages
+    # 4,096 rows of 12,288: 128 groups, under the fake's 132 SMs, of six stages (16 warps, two a superblock)
     down_1 = [("matvec_x16_bulk16_q4_K", 128, ops_module.X16_BULK_WIDE_SHARED)] if bulk else [("matvec_x16_mma_q4_K", 128, 0)]
     assert chosen["Q4_K", 4096, 1] == q4_k_1 and chosen[9000] == wide_1 and chosen[4096] == down_1
     assert all(smem == 0 for k, v in chosen.items() for n, _, smem in v if "bulk" not in n)

@@ -40,6 +40,8 @@ SHARED_CONSTANTS = {
     ("ops", "X16_MMA_WARPS"): [("matvec_x16_mma.cu", "XM_WARPS")],
     ("ops", "X16_BULK_STAGES"): [("matvec_x16_mma.cu", "XB_STAGES")],
     ("ops", "X16_BULK_BLOCKS_AN_SM"): [("matvec_x16_mma.cu", "XB_BLOCKS_AN_SM")],
+    ("ops", "X16_BULK_WIDE_WARPS"): [("matvec_x16_mma.cu", "XB_WIDE_WARPS")],
+    ("ops", "X16_BULK_WIDE_STAGES"): [("matvec_x16_mma.cu", "XB_WIDE_STAGES")],
     ("ops", "GEMM_FRAG_ROWS"): [("gemm_frag.cu", "GF_ROWS")],
     ("ops", "GEMM_FRAG_TOKENS"): [("gemm_frag.cu", "GF_TOKENS")],
     ("ops", "GEMM_FRAG_WARPS"): [("gemm_frag.cu", "GF_WARPS")],

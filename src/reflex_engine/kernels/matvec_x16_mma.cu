@@ -62,9 +62,11 @@ __device__ __forceinline__ void load_x(XmPart& p, const uint8_t* __restrict__ xq
 }
 
 // The superblock's products into the lane's 4 rows' sums (row g + 8r: acc[r]); own_mma: the mma (2G + high)
-// whose B is the lane's x, or -1.
-__device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mma, float (&acc)[4]) {
-    int ch[2][4] = {}, cl[2][4] = {};
+// whose B is the lane's x, or -1. With TILES 1, the lane's rows of tile t0 alone (rows g + 16t0, g + 16t0 + 8), p
+// holding them first.
+template <int TILES = 2>
+__device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mma, float (&acc)[4], int t0 = 0) {
+    int ch[TILES][4] = {}, cl[TILES][4] = {};
 #pragma unroll
     for (int m = 0; m < 4; ++m) {  // G = m / 2; high nibbles for odd m
 #pragma unroll
@@ -73,7 +75,7 @@ __device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mm
             const uint32_t bh[2] = {own ? p.high[2 * h] : 0u, own ? p.high[2 * h + 1] : 0u};
             const uint32_t bl[2] = {own ? p.low[2 * h] : 0u, own ? p.low[2 * h + 1] : 0u};
 #pragma unroll
-            for (int t = 0; t < 2; ++t) {
+            for (int t = 0; t < TILES; ++t) {
                 const uint4 &u0 = p.qs[2 * t][m / 2], &u1 = p.qs[2 * t + 1][m / 2];
                 const uint32_t w0[2] = {h ? u0.z : u0.x, h ? u0.w : u0.y}, w1[2] = {h ? u1.z : u1.x, h ? u1.w : u1.y};
                 uint32_t a[4];
@@ -87,14 +89,18 @@ __device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mm
         }
     }
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {  // row g + 8r: tile r / 2, C's row g (+ 8 for odd r)
+    for (int r = 0; r < 2 * TILES; ++r) {  // row g + 8r: tile r / 2, C's row g (+ 8 for odd r)
         const uint32_t hd[4] = {p.head[r].x, p.head[r].y, p.head[r].z, p.head[r].w};
         float sa, ma, sb, mb;
         scale_min_k4_pair(hd, c, sa, ma, sb, mb);
         const int k = 2 * (r % 2), t = r / 2;
         const int ia = 256 * ch[t][k] + cl[t][k], ib = 256 * ch[t][k + 1] + cl[t][k + 1];
         // sub-block 2c + 1's nibbles are high ones: ib is 16 times its sum
-        acc[r] += fmaf(sa * p.xd.x, (float)ia, sb * (p.xd.z * 0.0625f) * (float)ib) - fmaf(ma, p.xd.y, mb * p.xd.w);
+        const float v = fmaf(sa * p.xd.x, (float)ia, sb * (p.xd.z * 0.0625f) * (float)ib) - fmaf(ma, p.xd.y, mb * p.xd.w);
+        if (TILES == 1 && t0)
+            acc[(r + 2) % 4] += v;
+        else
+            acc[r] += v;
     }
 }
 
@@ -178,13 +184,14 @@ extern "C" __global__ void __launch_bounds__(XM_WARPS * WARP, 2)
 // runs 10-15); here a block's ring of XB_STAGES stages keeps the next in flight while it multiplies one, its
 // grid fills the SMs XB_BLOCKS_AN_SM deep and each block walks its groups of 32 rows in turn, so
 // that memory need not wait for the multiplies (8B's gate + up: 2.7 TB/s, DRAM 56% busy, run 16).
-// A stage is 32 rows x WARPS superblocks (one a warp), a row's segment one bulk copy (lane
-// r of warp 0 copies row r) onto an mbarrier; the even rows' segments lie first, then the odd rows'
-// 64 bytes further on, so that the 8 lanes of a 16-byte shared load (rows g and g + 1, 64 bytes
-// each) touch 32 different banks (yet ncu counted 3.9-way conflicts on 16% of the wavefronts).
-template <int WARPS>
+// A stage is 32 rows x SB superblocks (one a warp; in the wide form two warps a superblock), a row's
+// segment one bulk copy (lane r of warp 0 copies row r) onto an mbarrier; the even rows' segments lie
+// first, then the odd rows' 64 bytes further on, so that the 8 lanes of a 16-byte shared load (rows g
+// and g + 1, 64 bytes each) touch 32 different banks (yet ncu counted 3.9-way conflicts on 16% of the
+// wavefronts).
+template <int SB>
 struct BulkStage {
-    static constexpr int SEG = WARPS * (int)sizeof(block_q4_K);  // a row's bytes in a stage
+    static constexpr int SEG = SB * (int)sizeof(block_q4_K);  // a row's bytes in a stage
     static constexpr int ODD = (XM_ROWS / 2) * SEG + 64;  // where a stage's odd rows begin
     static constexpr int BYTES = ODD + (XM_ROWS / 2) * SEG;
     static_assert(SEG % 16 == 0 && ODD % 128 == 64 && BYTES % 16 == 0, "bulk copies move 16-byte units");
@@ -196,8 +203,10 @@ struct BulkStage {
 // 421.7 tok/s, docs/perf-notes.md run 18), the SM's L1 left 37 KB less for x
 constexpr int XB_STAGES = 2;
 constexpr int XB_BLOCKS_AN_SM = 2;
-// the wide form's warps (matvec_x16_bulk16_q4_K), its blocks one an SM
-constexpr int XB_WIDE_WARPS = 16;
+// the wide form's (matvec_x16_bulk16_q4_K) warps, two a superblock of its stages, its blocks one an SM, its ring and
+// its registers: 16 warps of 72 and the next launch's block of 8 warps of 112 (the rope form's 109, allocated by 8)
+// fill an SM's 64K, its 3 stages and that block's 2 its shared memory
+constexpr int XB_WIDE_WARPS = 16, XB_WIDE_STAGES = 3, XB_WIDE_REGISTERS = 72;
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -237,11 +246,11 @@ __device__ __forceinline__ void bulk_wait(uint64_t* bar, uint32_t parity) {
 // What matvec_mma_q4_K's lane loads of its superblock, from a stage: local superblock `sl` of its rows. The
 // pieces load_q4_K_pieces reads, but from shared addresses: through it (its 64-bit row offsets) a stage took
 // 421 SASS instructions, not 407.
-template <int WARPS>
-__device__ __forceinline__ void load_staged(XmPart& p, uint8_t* stage, int sl, int g, int c) {
+template <int SB, int TILES>
+__device__ __forceinline__ void load_staged(XmPart& p, uint8_t* stage, int sl, int g, int c, int t0) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        const uint4* b = reinterpret_cast<const uint4*>(BulkStage<WARPS>::row(stage, g + 8 * r) + sizeof(block_q4_K) * sl);
+    for (int r = 0; r < 2 * TILES; ++r) {
+        const uint4* b = reinterpret_cast<const uint4*>(BulkStage<SB>::row(stage, g + 16 * t0 + 8 * r) + sizeof(block_q4_K) * sl);
         p.head[r] = b[0], p.qs[r][0] = b[1 + c], p.qs[r][1] = b[5 + c];
     }
 }
@@ -251,26 +260,28 @@ __device__ __forceinline__ void load_staged(XmPart& p, uint8_t* stage, int sl, i
 // storing warp makes q and k's rope after the block's groups (rope.cuh RopeOut): a kernel of its own, since that
 // code beside the loop took the kernel from 103 registers to 111-122, past what two blocks and an early one of the
 // next launch fit (docs/perf-notes.md run 33).
-template <int WARPS>
+// SB: superblocks a stage (WARPS, or WARPS / 2 with two warps a superblock); STAGES: its ring.
+template <int WARPS, int SB = WARPS, int STAGES = XB_STAGES>
 __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2,
                                                  const uint8_t* __restrict__ xq, const float2* __restrict__ xds,
                                                  float* y0, float* y1, float* y2, const float* __restrict__ add,
                                                  int rows0, int rows1, int rows2, int n_cols, const float* x_sums,
                                                  float eps, const NormOut& norm, const RopeOut* rope) {
     extern __shared__ __align__(128) uint8_t stages[];
-    __shared__ uint64_t full[XB_STAGES];
+    __shared__ uint64_t full[STAGES];
     __shared__ float partial[2][WARPS][XM_ROWS];  // by the group's parity: the last one's may still be read
-    using Stage = BulkStage<WARPS>;
+    using Stage = BulkStage<SB>;
+    constexpr int TILES = 2 * SB / WARPS;  // a warp's tiles of 16 rows: both, or (two warps a superblock) tile warp / SB
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const int g = lane / 4, c = lane % 4, per_group = n_cols / 256 / WARPS;
+    const int g = lane / 4, c = lane % 4, per_group = n_cols / 256 / SB;
     const int n_groups = (rows0 + XM_ROWS - 1) / XM_ROWS + (rows1 + XM_ROWS - 1) / XM_ROWS + (rows2 + XM_ROWS - 1) / XM_ROWS;
     const int n_steps = (n_groups - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * per_group;
     const size_t stride = row_bytes<block_q4_K>(n_cols);
     if (threadIdx.x == 0)
-        for (int i = 0; i < XB_STAGES; ++i) bulk_barrier_init(&full[i]);
+        for (int i = 0; i < STAGES; ++i) bulk_barrier_init(&full[i]);
     __syncthreads();
 
-    // step k: stage k % per_group of the block's group k / per_group, in slot k % XB_STAGES
+    // step k: stage k % per_group of the block's group k / per_group, in slot k % STAGES
     auto group_of = [&](int k, int& i) {
         int u = blockIdx.x + k / per_group * gridDim.x;
         i = fused_part(u, XM_ROWS, rows0, rows1);
@@ -279,14 +290,14 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
     auto issue = [&](int k) {  // warp 0
         int i;
         const int u = group_of(k, i), n_rows = pick(i, rows0, rows1, rows2);
-        uint64_t* bar = &full[k % XB_STAGES];
+        uint64_t* bar = &full[k % STAGES];
         if (lane == 0) bulk_expect(bar, XM_ROWS * Stage::SEG);
         __syncwarp();
         const uint8_t* row = pick(i, W0, W1, W2) + (size_t)min(u * XM_ROWS + lane, n_rows - 1) * stride;  // past n_rows: never stored
-        bulk_copy(Stage::row(stages + k % XB_STAGES * Stage::BYTES, lane), row + (size_t)(k % per_group) * Stage::SEG, Stage::SEG, bar);
+        bulk_copy(Stage::row(stages + k % STAGES * Stage::BYTES, lane), row + (size_t)(k % per_group) * Stage::SEG, Stage::SEG, bar);
     };
     if (warp == 0)
-        for (int k = 0; k < min(XB_STAGES, n_steps); ++k) issue(k);
+        for (int k = 0; k < min(STAGES, n_steps); ++k) issue(k);
     if (warp == WARPS - 1 && n_steps > 0) {  // the warp storing the first group
         int i;
         const int row0 = group_of(0, i) * XM_ROWS;
@@ -299,11 +310,12 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
     float acc[4] = {};
     int due = -1;  // the q or k head the block's stores completed (rope_after_store)
     for (int k = 0; k < n_steps; ++k) {
-        bulk_wait(&full[k % XB_STAGES], k / XB_STAGES % 2);
+        bulk_wait(&full[k % STAGES], k / STAGES % 2);
         XmPart part;
-        load_staged<WARPS>(part, stages + k % XB_STAGES * Stage::BYTES, warp, g, c);
-        load_x(part, xq, xds, k % per_group * WARPS + warp, g, c, own_mma >= 0);
-        multiply_part(part, c, own_mma, acc);
+        const int sl = TILES == 2 ? warp : warp % SB, t0 = TILES == 2 ? 0 : warp / SB;  // the warp's superblock, tile
+        load_staged<SB, TILES>(part, stages + k % STAGES * Stage::BYTES, sl, g, c, t0);
+        load_x(part, xq, xds, k % per_group * SB + sl, g, c, own_mma >= 0);
+        multiply_part<TILES>(part, c, own_mma, acc, t0);
         const bool last = k % per_group == per_group - 1;
         float(&mine)[WARPS][XM_ROWS] = partial[k / per_group % 2];
         if (last) {
@@ -324,7 +336,7 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
                                         scale, norm);
             if (rope) due = rope_after_store<XM_ROWS>(*rope, i, u * XM_ROWS, n_rows, v);
         }
-        if (warp == 0 && k + XB_STAGES < n_steps) issue(k + XB_STAGES);
+        if (warp == 0 && k + STAGES < n_steps) issue(k + STAGES);
     }
     if (rope && due >= 0 && warp == WARPS - 1) rope_head(*rope, due);
 }
@@ -333,25 +345,31 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
 // copies).
 // LAUNCH: block = 32 · XM_WARPS; grid = min(Σ ceil(rows_i / XM_ROWS), XB_BLOCKS_AN_SM · SMs); dynamic
 // shared memory XB_STAGES · BulkStage<XM_WARPS>::BYTES.
-// matvec_x16_bulk16_q4_K: the same at XB_WIDE_WARPS warps a block, one block an SM, for launches of at most one group
-// of rows an SM whose rows take several stages (8B's Q4_K downs: 128 groups of 48 superblocks): one block of 8 warps an
-// SM multiplied their stages in turn, each bound by its warps' chains of dependent mmas, at 1.8 TB/s; here twice the
-// warps take each stage (H200, Qwen3-8B Q4_K_M decode +0.8%; every bulk launch at 16 warps lost 3%: gate and up, o,
-// q, k and v gained nothing and left the launches after them no room to start early; docs/perf-notes.md run 34).
+// matvec_x16_bulk16_q4_K: the same at XB_WIDE_WARPS warps a block, two a superblock of each stage (a tile of 16 rows
+// each), one block an SM, for launches of at most one group of rows an SM whose rows take several stages (8B's Q4_K
+// downs: 128 groups of 48 superblocks): one block of 8 warps an SM multiplied their stages in turn, each bound by its
+// warps' chains of dependent mmas, at 1.8 TB/s. Run 34's form, 16 warps a stage of 16 superblocks, took the down 15.5 ->
+// 8.9 us, but its 147 KB ring and 53K registers left the next launch no room to start beside it (its q, k (v) 11.2 /
+// 7.1 us against 7.5 / 4.6); in XB_WIDE_STAGES stages of 8 and XB_WIDE_REGISTERS registers (8 bytes spilled) the down
+// takes 13.2 us, the next launch 7.6 / 4.9 again (H200, Qwen3-8B Q4_K_M decode +0.4%; docs/perf-notes.md run 35).
 // LAUNCH: block = 32 · XB_WIDE_WARPS; grid = Σ ceil(rows_i / XM_ROWS) (at most SMs); dynamic shared memory
-// XB_STAGES · BulkStage<XB_WIDE_WARPS>::BYTES; n_cols % (256 · XB_WIDE_WARPS) == 0.
-#define MATVEC_BULK_KERNEL(suffix, warps, blocks)                                                             \
-    extern "C" __global__ void __launch_bounds__(warps * WARP, blocks)                                        \
+// XB_WIDE_STAGES · BulkStage<XM_WARPS>::BYTES.
+#define MATVEC_BULK_KERNEL(suffix, REGISTERS, warps, sb, ring)                                                \
+    extern "C" __global__ void REGISTERS                                                                      \
         matvec_x16_bulk##suffix(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, const uint8_t* xq,   \
                                 const float2* xds, float* y0, float* y1, float* y2, const float* add, int rows0, \
                                 int rows1, int rows2, int n_cols, const float* x_sums, float eps,            \
                                 const float* norm_w, uint8_t* norm_xq, float2* norm_xds, float* norm_sums,   \
                                 int* tickets) {                                                              \
-        matvec_bulk_q4_K<warps>(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols, x_sums, eps, \
-                                {norm_w, norm_xq, norm_xds, norm_sums, tickets}, nullptr);                   \
+        matvec_bulk_q4_K<warps, sb, ring>(W0, W1, W2, xq, xds, y0, y1, y2, add, rows0, rows1, rows2, n_cols, x_sums,  \
+                                          eps, {norm_w, norm_xq, norm_xds, norm_sums, tickets}, nullptr);     \
     }
-MATVEC_BULK_KERNEL(_q4_K, XM_WARPS, XB_BLOCKS_AN_SM)
-MATVEC_BULK_KERNEL(16_q4_K, XB_WIDE_WARPS, 1)
+#define XB_BOUNDS __launch_bounds__(XM_WARPS * WARP, XB_BLOCKS_AN_SM)
+#define XB_WIDE_BOUNDS __maxnreg__(XB_WIDE_REGISTERS)
+MATVEC_BULK_KERNEL(_q4_K, XB_BOUNDS, XM_WARPS, XM_WARPS, XB_STAGES)
+MATVEC_BULK_KERNEL(16_q4_K, XB_WIDE_BOUNDS, XB_WIDE_WARPS, XM_WARPS, XB_WIDE_STAGES)
+#undef XB_BOUNDS
+#undef XB_WIDE_BOUNDS
 #undef MATVEC_BULK_KERNEL
 
 // The same with q and k's rope and the cache's writes (rope.cuh RopeOut), for a one-token pass's launch making q, k

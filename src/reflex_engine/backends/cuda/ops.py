@@ -51,12 +51,13 @@ X16_BULK_TYPES = (GGMLType.Q4_K,)
 X16_BULK_STAGES, X16_BULK_BLOCKS_AN_SM = 2, 2
 X16_BULK_STAGE_COLS = 256 * X16_MMA_WARPS
 X16_BULK_SHARED = X16_BULK_STAGES * (X16_MMA_ROWS * X16_MMA_WARPS * GGML_BLOCK[GGMLType.Q4_K][1] + 64)
-# and its wide form (matvec_x16_bulk16_<type>): X16_BULK_WIDE_WARPS warps a block, one block an SM, for launches of at
-# most one group of 32 rows an SM whose rows take at least two of its stages. H200, Qwen3-8B Q4_K_M, its Q4_K downs
-# (128 groups of 12,288 columns): 8.5 us on a decode step's path against 15.5 (docs/perf-notes.md run 34)
-X16_BULK_WIDE_WARPS = 16
-X16_BULK_WIDE_STAGE_COLS = 256 * X16_BULK_WIDE_WARPS
-X16_BULK_WIDE_SHARED = X16_BULK_STAGES * (X16_MMA_ROWS * X16_BULK_WIDE_WARPS * GGML_BLOCK[GGMLType.Q4_K][1] + 64)
+# and its wide form (matvec_x16_bulk16_<type>): X16_BULK_WIDE_WARPS warps a block, two a superblock of its stages, a
+# ring of X16_BULK_WIDE_STAGES, one block an SM, for launches of at most one group of 32 rows an SM whose rows are
+# X16_BULK_WIDE_MIN_COLS wide or more. H200, Qwen3-8B Q4_K_M, its Q4_K downs (128 groups of 12,288 columns): 13.2 us
+# on a decode step's path against 15.5 with 8 warps, and room beside it for the next launch's early start
+# (docs/perf-notes.md runs 34 and 35)
+X16_BULK_WIDE_WARPS, X16_BULK_WIDE_STAGES, X16_BULK_WIDE_MIN_COLS = 16, 3, 8192
+X16_BULK_WIDE_SHARED = X16_BULK_SHARED // X16_BULK_STAGES * X16_BULK_WIDE_STAGES
 # the tensor-core matvec and short-prompt GEMM (kernels/gemm_frag.cu) take rows of at least this many columns:
 # narrower, their blocks (32 rows, a warp per 256 columns) are too few and short (H200, Qwen3-0.6B, mostly
 # 1,024 columns: decode 978-1,012 tok/s against 1,061, prefill 16 6.5 ms against 5.1; Qwen3-8B, 4,096 and
@@ -725,7 +726,7 @@ class CudaOps(ExpertOps, DeltaNetOps):
                 kernel, threads, shared = f"matvec_x16_bulk_{suffix}", 32 * X16_MMA_WARPS, X16_BULK_SHARED
                 most = X16_BULK_BLOCKS_AN_SM * self.device.info.multiprocessors
                 if sum(-(-r // per) for r in rows) <= self.device.info.multiprocessors \
-                        and n_cols % X16_BULK_WIDE_STAGE_COLS == 0 and n_cols >= 2 * X16_BULK_WIDE_STAGE_COLS:
+                        and n_cols >= X16_BULK_WIDE_MIN_COLS:
                     kernel, threads, shared = f"matvec_x16_bulk16_{suffix}", 32 * X16_BULK_WIDE_WARPS, X16_BULK_WIDE_SHARED
                     most = self.device.info.multiprocessors
                 self.device.allow_shared(kernel, shared)
