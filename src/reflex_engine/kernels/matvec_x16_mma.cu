@@ -312,7 +312,9 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
     for (int k = 0; k < n_steps; ++k) {
         bulk_wait(&full[k % STAGES], k / STAGES % 2);
         XmPart part;
-        const int sl = TILES == 2 ? warp : warp % SB, t0 = TILES == 2 ? 0 : warp / SB;  // the warp's superblock, tile
+        // the warp's superblock and tile; with TILES 2 (SB == WARPS) warp and 0 as such: the compiler does not know
+        // warp < WARPS, and the 8-warp kernels' code (103 and 109 registers) stays as it was
+        const int sl = TILES == 2 ? warp : warp % SB, t0 = TILES == 2 ? 0 : warp / SB;
         load_staged<SB, TILES>(part, stages + k % STAGES * Stage::BYTES, sl, g, c, t0);
         load_x(part, xq, xds, k % per_group * SB + sl, g, c, own_mma >= 0);
         multiply_part<TILES>(part, c, own_mma, acc, t0);
