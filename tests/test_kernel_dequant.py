@@ -1,5 +1,6 @@
 """kernels/quant_blocks.cuh's chunk dequantization, compiled for the host by nvcc, against
-reflex_engine.quants.dequantize, bit for bit, for every type with CUDA kernels.
+reflex_engine.quants.dequantize, bit for bit, for every type with CUDA kernels; and its Q4_K/Q5_K
+scale picker (K4Scales, which the tensor-core matvecs and GEMMs read) against gguf-py's.
 
 matvec, gemm and get_rows all dequantize through these chunk functions; on the device the same
 code runs with rounded intrinsics in place of * + -, so this checks their dequantization half.
@@ -61,26 +62,54 @@ int main(int argc, char** argv) {
 """
 
 
+# usage: k4scales IN OUT; IN holds 16-byte block heads (d, dmin, the 12 scale bytes), OUT gets for each and each
+# j = 0..3 the 4 bytes K4Scales(j) gives: scale 2j, scale 2j + 1, min 2j, min 2j + 1
+K4_PROGRAM = r"""
+#include <cstdio>
+#include "quant_blocks.cuh"
+
+int main(int argc, char** argv) {
+    if (argc != 3) return 2;
+    FILE *in = fopen(argv[1], "rb"), *out = fopen(argv[2], "wb");
+    uint8_t head[16];
+    while (fread(head, 1, 16, in) == 16) {
+        uint32_t hd[4];
+        load_words<16>(head, hd);
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t b = K4Scales(j).bytes(hd);
+            fwrite(&b, 4, 1, out);
+        }
+    }
+    fclose(in);
+    return fclose(out);
+}
+"""
+
+
 def find_nvcc() -> str | None:
     homes = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")]
     found = [shutil.which("nvcc")] + [os.path.join(h, "bin", "nvcc") for h in homes if h]
     return next((p for p in found if p and os.path.isfile(p)), None)
 
 
-@pytest.fixture(scope="session")
-def dequant_program(tmp_path_factory) -> str:
+def host_program(tmp_path_factory, name: str, source: str) -> str:
     nvcc = find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found on PATH, CUDA_HOME/bin or CUDA_PATH/bin")
-    tmp = tmp_path_factory.mktemp("kernel_dequant")
-    (tmp / "dequant.cu").write_text(PROGRAM)
-    exe = str(tmp / "dequant")
+    tmp = tmp_path_factory.mktemp(name)
+    (tmp / f"{name}.cu").write_text(source)
+    exe = str(tmp / name)
     # no FMA contraction on the host either: numpy rounds every product and sum
-    cmd = [nvcc, "-std=c++17", "-O2", "-Xcompiler", "-ffp-contract=off", "-I", KERNELS, str(tmp / "dequant.cu"),
+    cmd = [nvcc, "-std=c++17", "-O2", "-Xcompiler", "-ffp-contract=off", "-I", KERNELS, str(tmp / f"{name}.cu"),
            "-o", exe]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return exe
+
+
+@pytest.fixture(scope="session")
+def dequant_program(tmp_path_factory) -> str:
+    return host_program(tmp_path_factory, "dequant", PROGRAM)
 
 
 def kernel_suffix(ggml_type: T) -> str:
@@ -137,3 +166,24 @@ def test_chunks_match_numpy(dequant_program, ggml_type, finite, tmp_path):
         got = dequant_on_host(dequant_program, ggml_type, n_cols, data, tmp_path)
         assert_same_bits(got[:, :n_cols], want)
         assert not got[:, n_cols:].view(np.uint32).any()  # a scalar row's last chunk ends in +0.0
+
+
+def test_k4_scales_are_gguf_pys_scales_and_mins(tmp_path_factory, tmp_path):
+    """Every sub-block pair's 6-bit scales and mins, as the tensor-core Q4_K matvecs and the Q4_K/Q5_K GEMMs pick them
+    from a block's first 16 bytes, are gguf-py's (Q4_K.get_scale_min), over random scale bytes and the extremes."""
+    from gguf.quants import Q4_K
+
+    program = host_program(tmp_path_factory, "k4scales", K4_PROGRAM)
+    rng = np.random.default_rng(44)
+    heads = rng.integers(0, 256, (4096, 16), dtype=np.uint8)
+    heads[:256, 4:] = 0xFF
+    heads[256:512, 4:] = 0x00
+    heads[512:768, 4:] = rng.choice(np.array([0x00, 0x3F, 0x40, 0xC0, 0xF0, 0x0F, 0xFF], np.uint8), (256, 12))
+    src, dst = tmp_path / "heads.bin", tmp_path / "scales.bin"
+    heads.tofile(src)
+    subprocess.run([program, str(src), str(dst)], check=True)
+    got = np.fromfile(dst, np.uint8).reshape(len(heads), 4, 4)  # block, j, (sc 2j, sc 2j+1, m 2j, m 2j+1)
+    sc, mn = Q4_K.get_scale_min(heads[:, 4:].copy())
+    np.testing.assert_array_equal(got[:, :, 0:2].reshape(len(heads), 8), sc)
+    np.testing.assert_array_equal(got[:, :, 2:4].reshape(len(heads), 8), mn)
+    assert sc.max() == 63 and mn.max() == 63 and len(np.unique(sc)) == 64  # every bit of both reached
