@@ -252,6 +252,20 @@ __device__ __forceinline__ void bulk_wait(uint64_t* bar, uint32_t parity) {
 #endif
 }
 
+// A bulk kernel's step k: stage `col` of the block's group `group` (k = group · per_group + col), counted as k goes,
+// not divided out of it (a division by per_group: 29 of matvec_x16_bulk_q4_K's 401 SASS instructions a stage).
+struct BulkStep {
+    int col, group;
+    __device__ __forceinline__ void next(int per_group) { col + 1 < per_group ? ++col : (col = 0, ++group); }
+    // the step `ahead` steps on
+    __device__ __forceinline__ BulkStep after(int ahead, int per_group) const {
+        BulkStep s = *this;
+#pragma unroll
+        for (int i = 0; i < ahead; ++i) s.next(per_group);
+        return s;
+    }
+};
+
 // What matvec_mma_q4_K's lane loads of its superblock, from a stage: the pieces load_q4_K_pieces reads, from shared
 // addresses. Rows g + 16·t0 + 8r lie 4r segments past row g + 16·t0 (BulkStage::offset), so the 12 loads are one
 // address and constants: `at`, the lane's first row's superblock in the stage (staged_at), its quants 16 + 16c on.
@@ -299,18 +313,13 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
         for (int i = 0; i < STAGES; ++i) bulk_barrier_init(&full[i]);
     __syncthreads();
 
-    // step k: stage `col` of the block's group `group` (k = group · per_group + col), in slot k % STAGES; counted as
-    // k goes, not divided out of it (a division by per_group: 29 of a stage's 401 SASS instructions)
-    struct Step {
-        int col, group;
-        __device__ void next(int per_group) { col + 1 < per_group ? ++col : (col = 0, ++group); }
-    };
-    auto group_of = [&](const Step& at, int& i) {
+    // step k (BulkStep at): in slot k % STAGES
+    auto group_of = [&](const BulkStep& at, int& i) {
         int u = blockIdx.x + at.group * gridDim.x;
         i = fused_part(u, XM_ROWS, rows0, rows1);
         return u;
     };
-    auto issue = [&](int k, const Step& at) {  // warp 0
+    auto issue = [&](int k, const BulkStep& at) {  // warp 0
         int i;
         const int u = group_of(at, i), n_rows = pick(i, rows0, rows1, rows2);
         uint64_t* bar = &full[k % STAGES];
@@ -319,13 +328,11 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
         const uint8_t* row = pick(i, W0, W1, W2) + (size_t)min(u * XM_ROWS + lane, n_rows - 1) * stride;  // past n_rows: never stored
         bulk_copy(Stage::row(stages + k % STAGES * Stage::BYTES, lane), row + (size_t)at.col * Stage::SEG, Stage::SEG, bar);
     };
-    if (warp == 0) {
-        Step at{0, 0};
-        for (int k = 0; k < min(STAGES, n_steps); ++k, at.next(per_group)) issue(k, at);
-    }
+    if (warp == 0)
+        for (int k = 0; k < min(STAGES, n_steps); ++k) issue(k, BulkStep{0, 0}.after(k, per_group));
     if (warp == WARPS - 1 && n_steps > 0) {  // the warp storing the first group
         int i;
-        const int row0 = group_of(Step{0, 0}, i) * XM_ROWS;
+        const int row0 = group_of(BulkStep{0, 0}, i) * XM_ROWS;
         ask_l2_for_store_reads(i == 0 ? add : nullptr, norm.w, row0);
     }
     follow_previous_kernel();
@@ -335,7 +342,7 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
     const K4Scales scales(c);
     float acc[4] = {};
     int due = -1;  // the q or k head the block's stores completed (rope_after_store)
-    Step at{0, 0};
+    BulkStep at{0, 0};
     // the warp's superblock and tile; with TILES 2 (SB == WARPS) warp and 0 as such: the compiler does not know
     // warp < WARPS, and the 8-warp kernels' code stays as it was
     const int sl = TILES == 2 ? warp : warp % SB, t0 = TILES == 2 ? 0 : warp / SB;
@@ -366,12 +373,7 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
                                         scale, norm);
             if (rope) due = rope_after_store<XM_ROWS>(*rope, i, u * XM_ROWS, n_rows, v);
         }
-        if (warp == 0 && k + STAGES < n_steps) {
-            Step ahead = at;
-#pragma unroll
-            for (int i = 0; i < STAGES; ++i) ahead.next(per_group);
-            issue(k + STAGES, ahead);
-        }
+        if (warp == 0 && k + STAGES < n_steps) issue(k + STAGES, at.after(STAGES, per_group));
     }
     if (rope && due >= 0 && warp == WARPS - 1) rope_head(*rope, due);
 }

@@ -511,12 +511,12 @@ __host__ __device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, u
 // (their top two, shifted down) and the last the rest. A lane of the tensor-core matvec keeps one j, and so the
 // selector, the shift and the mask, out of its loop: 6 instructions a superblock's row (14 with the j < 2 choice).
 struct K4Scales {
-    uint32_t pick, shift, from_low;
+    uint32_t selector, shift, from_low;
     __host__ __device__ explicit K4Scales(int j)
-        : pick(j % 2 ? 0x7632u : 0x5410u), shift(j < 2 ? 0u : 2u), from_low(j < 2 ? 0x3F3F3F3Fu : 0x30303030u) {}
+        : selector(j % 2 ? 0x7632u : 0x5410u), shift(j < 2 ? 0u : 2u), from_low(j < 2 ? 0x3F3F3F3Fu : 0x30303030u) {}
     __host__ __device__ __forceinline__ uint32_t bytes(const uint32_t (&hd)[4]) const {
-        const uint32_t low = byte_perm(hd[1], hd[2], pick) >> shift;
-        const uint32_t last = byte_perm(hd[3], hd[3] >> 4, pick) & 0x0F0F0F0Fu;
+        const uint32_t low = byte_perm(hd[1], hd[2], selector) >> shift;
+        const uint32_t last = byte_perm(hd[3], hd[3] >> 4, selector) & 0x0F0F0F0Fu;
         return (low & from_low) | (last & ~from_low);
     }
 };
