@@ -1,6 +1,8 @@
 """kernels/quant_blocks.cuh's chunk dequantization, compiled for the host by nvcc, against
-reflex_engine.quants.dequantize, bit for bit, for every type with CUDA kernels; and its Q4_K/Q5_K
-scale picker (K4Scales, which the tensor-core matvecs and GEMMs read) against gguf-py's.
+reflex_engine.quants.dequantize, bit for bit, for every type with CUDA kernels; its Q4_K/Q5_K
+scale picker (K4Scales, which the tensor-core matvecs and GEMMs read) against gguf-py's; and the
+int16 matvecs' weight units (x16.cuh x16_type, x16_unit::dot) against gguf-py's dequantization
+times x's int16 blocks.
 
 matvec, gemm and get_rows all dequantize through these chunk functions; on the device the same
 code runs with rounded intrinsics in place of * + -, so this checks their dequantization half.
@@ -81,6 +83,57 @@ int main(int argc, char** argv) {
         }
     }
     fclose(in);
+    return fclose(out);
+}
+"""
+
+
+# usage: x16units TYPE N_COLS ROWS XQ XDS OUT; ROWS holds whole rows of N_COLS elements, XQ one row of x as int16
+# quants, XDS its blocks' (d, d·Σq); OUT gets for each row and unit u (x16_type's): its runs k0, k1 (int32) and the
+# unit's dot product (float32)
+X16_PROGRAM = r"""
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#include "x16.cuh"
+
+static std::vector<uint8_t> slurp(const char* path) {
+    std::vector<uint8_t> data;
+    FILE* f = fopen(path, "rb");
+    for (int b; (b = fgetc(f)) != EOF;) data.push_back((uint8_t)b);
+    fclose(f);
+    return data;
+}
+
+template <class B>
+static void unit_dots(const std::vector<uint8_t>& rows, int n, const std::vector<uint8_t>& xq,
+                      const std::vector<uint8_t>& xds, FILE* out) {
+    using T = x16_type<B>;
+    const float2* ds = reinterpret_cast<const float2*>(xds.data());
+    for (size_t start = 0; start < rows.size(); start += row_bytes<B>(n))
+        for (int u = 0; u < n / 32; ++u) {
+            x16_unit w;
+            T::load(rows.data() + start, u, w);
+            int k[2];
+            T::runs(u, k[0], k[1]);
+            uint32_t xa[8], xb[8];
+            x_words(xq.data() + 2 * k[0], xa);
+            x_words(xq.data() + 2 * k[1], xb);
+            const float dot = w.template dot<T::has_min>(xa, xb, ds[k[0] / 32], ds[k[1] / 32]);
+            fwrite(k, sizeof(int), 2, out);
+            fwrite(&dot, sizeof(float), 1, out);
+        }
+}
+
+int main(int argc, char** argv) {
+    if (argc != 7) return 2;
+    const std::vector<uint8_t> rows = slurp(argv[3]), xq = slurp(argv[4]), xds = slurp(argv[5]);
+    FILE* out = fopen(argv[6], "wb");
+    const int n = atoi(argv[2]);
+#define UNITS(name, B) if (!strcmp(argv[1], #name)) unit_dots<B>(rows, n, xq, xds, out); else
+    UNITS(q8_0, block_q8_0) UNITS(q4_0, block_q4_0) UNITS(q5_0, block_q5_0) UNITS(q4_K, block_q4_K)
+    UNITS(q5_K, block_q5_K) UNITS(q6_K, block_q6_K) return 3;
     return fclose(out);
 }
 """
@@ -187,3 +240,43 @@ def test_k4_scales_are_gguf_pys_scales_and_mins(tmp_path_factory, tmp_path):
     np.testing.assert_array_equal(got[:, :, 0:2].reshape(len(heads), 8), sc)
     np.testing.assert_array_equal(got[:, :, 2:4].reshape(len(heads), 8), mn)
     assert sc.max() == 63 and mn.max() == 63 and len(np.unique(sc)) == 64  # every bit of both reached
+
+
+X16_TYPES = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K)
+
+
+@pytest.mark.parametrize("ggml_type", X16_TYPES, ids=lambda t: t.name)
+def test_x16_units_are_gguf_pys_weights_times_x(tmp_path_factory, tmp_path, ggml_type):
+    """Each 32-weight unit a thread of the int16 matvecs loads (matvec_x16.cu, the bulk Q6_K matvec), times x's int16
+    blocks as x16_unit::dot sums it, is gguf-py's dequantized weights times x_deq over the unit's two runs, and the
+    runs of a row's units cover each of its columns once. Random weight bytes with finite scales, random int16 x
+    with the extremes; a quant unpacked wrong moves a pair of units by about a term (1/64 of its magnitude), where
+    float32's roundings moved it by at most 9e-8 of it."""
+    from gguf.quants import dequantize as gguf_dequantize
+
+    program = host_program(tmp_path_factory, "x16units", X16_PROGRAM)
+    rng = np.random.default_rng(1600 + ggml_type)
+    n_cols = 1024
+    rows = random_rows(rng, ggml_type, n_cols, finite=True)
+    xq = rng.integers(-32767, 32768, n_cols, dtype=np.int16)
+    xq[:64] = rng.choice(np.array([-32767, 32767, 0, -1, 1], np.int16), 64)
+    d = log_uniform(rng, n_cols // 32, -6, 1, "<f4").__abs__()
+    xds = np.stack([d, d * xq.reshape(-1, 32).sum(1).astype(np.float32)], 1).astype("<f4")  # as store_x16 writes them
+    paths = [tmp_path / name for name in ("rows.bin", "xq.bin", "xds.bin", "out.bin")]
+    for array, path in zip((rows, xq, xds), paths):
+        array.tofile(path)
+    subprocess.run([program, kernel_suffix(ggml_type), str(n_cols)] + [str(p) for p in paths], check=True)
+    out = np.fromfile(paths[3], np.dtype([("k", "<i4", 2), ("dot", "<f4")])).reshape(N_ROWS, n_cols // 32)
+
+    w = gguf_dequantize(rows.reshape(N_ROWS, -1), ggml_type).astype(np.float64)  # (N_ROWS, n_cols)
+    x = xq.astype(np.float64) * np.repeat(d, 32)
+    runs = out["k"][..., None] + np.arange(16)  # (row, unit, run, 16): the unit's columns
+    columns = runs.reshape(N_ROWS, n_cols // 32, 32)
+    np.testing.assert_array_equal(np.sort(columns.reshape(N_ROWS, -1), axis=1), np.tile(np.arange(n_cols), (N_ROWS, 1)))
+    terms = np.take_along_axis(w, columns.reshape(N_ROWS, -1), 1).reshape(columns.shape) * x[columns]
+    # units 2i and 2i + 1 cover the same x blocks: a K type's unit subtracts half its min times x's block sum, not
+    # its own half's, so only the pair's sum is the weights' dot product
+    pairs = terms.reshape(N_ROWS, n_cols // 64, 64)
+    want, size = pairs.sum(-1), np.abs(pairs).sum(-1)
+    got = out["dot"].astype(np.float64).reshape(N_ROWS, -1, 2).sum(-1)
+    assert (np.abs(got - want) <= 1e-6 * size).all()
