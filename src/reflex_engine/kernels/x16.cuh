@@ -173,9 +173,17 @@ template <> struct x16_type<block_q5_K> {
     __host__ __device__ static void load(const uint8_t* row, int u, x16_unit& w) { load_k4_unit<block_q5_K>(row, u, w); }
 };
 
+// Four 6-bit quants q as the signed bytes 4q - 128 = 4(q - 32), from their low 4 bits in bits 2-5 of low's bytes
+// and their top 2 in bits 6-7 of high's: two logic instructions, four with the shifts placing those bits, where
+// q - 32 as a byte took seven to eight (its sign is not a bit of q; 4q - 128's is q's top bit flipped).
+__host__ __device__ __forceinline__ uint32_t q6_times_4(uint32_t low, uint32_t high) {
+    return (low & 0x3C3C3C3Cu) | ((high & 0xC0C0C0C0u) ^ 0x80808080u);
+}
+
 // Unit u of Q6_K: in block u / 8, v = u % 8 picks half h = v / 4, kk = v / 2 % 2 and l0 = 16(v % 2):
 // the 16 bytes ql[64h + 32kk + l0 ..] hold elements l0.. of quarter kk of the half in their low
 // nibbles (run a) and of quarter kk + 2 in their high ones (run b), qh[32h + l0 ..] their bits 4-5.
+// The quants go in as 4(q - 32) and the scales as d·sc / 4 (d / 4 is exact): the same products, to the bit.
 template <> struct x16_type<block_q6_K> {
     static constexpr bool has_min = false, one_block = false;
     __host__ __device__ static void runs(int u, int& k0, int& k1) {
@@ -192,12 +200,12 @@ template <> struct x16_type<block_q6_K> {
         load_words_shifted(b.qh + 32 * h + l0, hi);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            w.a[i] = sub_bytes((lo[i] & 0x0F0F0F0F) | (hi[i] >> (2 * kk) & 0x03030303) << 4, 32);
-            w.b[i] = sub_bytes((lo[i] >> 4 & 0x0F0F0F0F) | (hi[i] >> (2 * kk + 4) & 0x03030303) << 4, 32);
+            w.a[i] = q6_times_4(lo[i] << 2, hi[i] << (6 - 2 * kk));
+            w.b[i] = q6_times_4(lo[i] >> 2, hi[i] << (2 - 2 * kk));
         }
-        const float d = __half2float(b.d);
+        const float d4 = __half2float(b.d) * 0.25f;
         const int s = 8 * h + 2 * kk + l0 / 16;
-        w.sa = mul_rn(d, (float)b.scales[s]), w.sb = mul_rn(d, (float)b.scales[s + 4]), w.ma = w.mb = 0.0f;
+        w.sa = mul_rn(d4, (float)b.scales[s]), w.sb = mul_rn(d4, (float)b.scales[s + 4]), w.ma = w.mb = 0.0f;
     }
 };
 
