@@ -245,31 +245,45 @@ def test_k4_scales_are_gguf_pys_scales_and_mins(tmp_path_factory, tmp_path):
 X16_TYPES = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K)
 
 
+def x16_unit_dots(program: str, ggml_type: T, rows, xq, xds, n_cols: int, tmp_path):
+    paths = [tmp_path / name for name in ("rows.bin", "xq.bin", "xds.bin", "out.bin")]
+    for array, path in zip((rows, xq, xds), paths):
+        array.tofile(path)
+    subprocess.run([program, kernel_suffix(ggml_type), str(n_cols)] + [str(p) for p in paths], check=True)
+    return np.fromfile(paths[3], np.dtype([("k", "<i4", 2), ("dot", "<f4")])).reshape(N_ROWS, n_cols // 32)
+
+
+@pytest.fixture(scope="module")
+def x16_program(tmp_path_factory) -> str:
+    return host_program(tmp_path_factory, "x16units", X16_PROGRAM)
+
+
+def random_x16(rng, n_cols: int):
+    """x as int16 blocks: random quants with the extremes, random positive scales, (d, d·Σq) as store_x16 writes them."""
+    xq = rng.integers(-32767, 32768, n_cols, dtype=np.int16)
+    xq[:64] = rng.choice(np.array([-32767, 32767, 0, -1, 1], np.int16), 64)
+    d = np.abs(log_uniform(rng, n_cols // 32, -6, 1, "<f4"))
+    xds = np.stack([d, d * xq.reshape(-1, 32).sum(1).astype(np.float32)], 1).astype("<f4")
+    return xq, xds
+
+
 @pytest.mark.parametrize("ggml_type", X16_TYPES, ids=lambda t: t.name)
-def test_x16_units_are_gguf_pys_weights_times_x(tmp_path_factory, tmp_path, ggml_type):
-    """Each 32-weight unit a thread of the int16 matvecs loads (matvec_x16.cu, the bulk Q6_K matvec), times x's int16
+def test_x16_units_are_gguf_pys_weights_times_x(x16_program, tmp_path, ggml_type):
+    """Each 32-weight unit a thread of the int16 matvecs loads (matvec_x16.cu), times x's int16
     blocks as x16_unit::dot sums it, is gguf-py's dequantized weights times x_deq over the unit's two runs, and the
     runs of a row's units cover each of its columns once. Random weight bytes with finite scales, random int16 x
     with the extremes; a quant unpacked wrong moves a pair of units by about a term (1/64 of its magnitude), where
     float32's roundings moved it by at most 9e-8 of it."""
     from gguf.quants import dequantize as gguf_dequantize
 
-    program = host_program(tmp_path_factory, "x16units", X16_PROGRAM)
     rng = np.random.default_rng(1600 + ggml_type)
     n_cols = 1024
     rows = random_rows(rng, ggml_type, n_cols, finite=True)
-    xq = rng.integers(-32767, 32768, n_cols, dtype=np.int16)
-    xq[:64] = rng.choice(np.array([-32767, 32767, 0, -1, 1], np.int16), 64)
-    d = log_uniform(rng, n_cols // 32, -6, 1, "<f4").__abs__()
-    xds = np.stack([d, d * xq.reshape(-1, 32).sum(1).astype(np.float32)], 1).astype("<f4")  # as store_x16 writes them
-    paths = [tmp_path / name for name in ("rows.bin", "xq.bin", "xds.bin", "out.bin")]
-    for array, path in zip((rows, xq, xds), paths):
-        array.tofile(path)
-    subprocess.run([program, kernel_suffix(ggml_type), str(n_cols)] + [str(p) for p in paths], check=True)
-    out = np.fromfile(paths[3], np.dtype([("k", "<i4", 2), ("dot", "<f4")])).reshape(N_ROWS, n_cols // 32)
+    xq, xds = random_x16(rng, n_cols)
+    out = x16_unit_dots(x16_program, ggml_type, rows, xq, xds, n_cols, tmp_path)
 
     w = gguf_dequantize(rows.reshape(N_ROWS, -1), ggml_type).astype(np.float64)  # (N_ROWS, n_cols)
-    x = xq.astype(np.float64) * np.repeat(d, 32)
+    x = xq.astype(np.float64) * np.repeat(xds[:, 0].astype(np.float64), 32)
     runs = out["k"][..., None] + np.arange(16)  # (row, unit, run, 16): the unit's columns
     columns = runs.reshape(N_ROWS, n_cols // 32, 32)
     np.testing.assert_array_equal(np.sort(columns.reshape(N_ROWS, -1), axis=1), np.tile(np.arange(n_cols), (N_ROWS, 1)))

@@ -173,11 +173,11 @@ template <> struct x16_type<block_q5_K> {
     __host__ __device__ static void load(const uint8_t* row, int u, x16_unit& w) { load_k4_unit<block_q5_K>(row, u, w); }
 };
 
-// Four 6-bit quants q as the signed bytes 4q - 128 = 4(q - 32), from their low 4 bits in bits 2-5 of low's bytes
-// and their top 2 in bits 6-7 of high's: two logic instructions, four with the shifts placing those bits, where
-// q - 32 as a byte took seven to eight (its sign is not a bit of q; 4q - 128's is q's top bit flipped).
+// Four 6-bit quants q as the signed bytes 4q - 128 = 4(q - 32): their low 4 bits from bits 2-5 of low's bytes, their
+// top 2 from bits 6-7 of high's, the top one flipped there (4q - 128's sign bit is q's top bit flipped). With the
+// shifts that place those bits, 4.5 instructions a word of four quants, where q - 32 as a byte took 7-8.
 __host__ __device__ __forceinline__ uint32_t q6_times_4(uint32_t low, uint32_t high) {
-    return (low & 0x3C3C3C3Cu) | ((high & 0xC0C0C0C0u) ^ 0x80808080u);
+    return (low & 0x3C3C3C3Cu) | (high & 0xC0C0C0C0u);
 }
 
 // Unit u of Q6_K: in block u / 8, v = u % 8 picks half h = v / 4, kk = v / 2 % 2 and l0 = 16(v % 2):
@@ -198,10 +198,12 @@ template <> struct x16_type<block_q6_K> {
         uint32_t lo[4], hi[4];
         load_words_shifted(b.ql + 64 * h + 32 * kk + l0, lo);
         load_words_shifted(b.qh + 32 * h + l0, hi);
+        const uint32_t top = 0x22222222u << (2 * kk);  // the runs' top bits: bits 2kk + 1 and 2kk + 5 of qh
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            w.a[i] = q6_times_4(lo[i] << 2, hi[i] << (6 - 2 * kk));
-            w.b[i] = q6_times_4(lo[i] >> 2, hi[i] << (2 - 2 * kk));
+            const uint32_t flipped = hi[i] ^ top;
+            w.a[i] = q6_times_4(lo[i] << 2, flipped << (6 - 2 * kk));
+            w.b[i] = q6_times_4(lo[i] >> 2, flipped << (2 - 2 * kk));
         }
         const float d4 = __half2float(b.d) * 0.25f;
         const int s = 8 * h + 2 * kk + l0 / 16;
