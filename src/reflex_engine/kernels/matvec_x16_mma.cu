@@ -62,10 +62,15 @@ __device__ __forceinline__ void load_x(XmPart& p, const uint8_t* __restrict__ xq
 }
 
 // The superblock's products into the lane's 4 rows' sums (row g + 8r: acc[r]); own_mma: the mma (2G + high)
-// whose B is the lane's x, or -1. With TILES 1, the lane's rows of tile t0 alone (rows g + 16t0, g + 16t0 + 8), p
-// holding them first.
+// whose B is the lane's x, or -1; scales: the lane's K4Scales(c). With TILES 1, the lane's rows of tile t0 alone
+// (rows g + 16t0, g + 16t0 + 8), p holding them first.
+// A row's sub-blocks a = 2c and b = 2c + 1 add d·(xd_a·sc_a·Σa + xd_b·sc_b·Σb) - dmin·(m_a·xΣ_a + m_b·xΣ_b),
+// where (xd, xΣ) are x's (d, d·Σq) and Σa, Σb the exact integer sums: sc·Σ is one too (< 63·2^24), so a scale
+// never becomes a float of its own (matvec_x16_bulk_q4_K's stage: 312 SASS instructions a warp, 362 with d·sc and
+// dmin·m as floats).
 template <int TILES = 2>
-__device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mma, float (&acc)[4], int t0 = 0) {
+__device__ __forceinline__ void multiply_part(const XmPart& p, const K4Scales& scales, int own_mma, float (&acc)[4],
+                                              int t0 = 0) {
     int ch[TILES][4] = {}, cl[TILES][4] = {};
 #pragma unroll
     for (int m = 0; m < 4; ++m) {  // G = m / 2; high nibbles for odd m
@@ -91,16 +96,18 @@ __device__ __forceinline__ void multiply_part(const XmPart& p, int c, int own_mm
 #pragma unroll
     for (int r = 0; r < 2 * TILES; ++r) {  // row g + 8r: tile r / 2, C's row g (+ 8 for odd r)
         const uint32_t hd[4] = {p.head[r].x, p.head[r].y, p.head[r].z, p.head[r].w};
-        float sa, ma, sb, mb;
-        scale_min_k4_pair(hd, c, sa, ma, sb, mb);
+        const uint32_t sm = scales.bytes(hd);
         const int k = 2 * (r % 2), t = r / 2;
-        const int ia = 256 * ch[t][k] + cl[t][k], ib = 256 * ch[t][k + 1] + cl[t][k + 1];
-        // sub-block 2c + 1's nibbles are high ones: ib is 16 times its sum
-        const float v = fmaf(sa * p.xd.x, (float)ia, sb * (p.xd.z * 0.0625f) * (float)ib) - fmaf(ma, p.xd.y, mb * p.xd.w);
+        // sub-block b's nibbles came in as 16·q: both of its byte planes' sums are multiples of 16
+        const int sum_a = 256 * ch[t][k] + cl[t][k], sum_b = 16 * ch[t][k + 1] + (cl[t][k + 1] >> 4);
+        const float dots = fmaf(p.xd.x, (float)((int)(sm & 0xFF) * sum_a),
+                                p.xd.z * (float)((int)(sm >> 8 & 0xFF) * sum_b));
+        const float mins = fmaf(p.xd.y, (float)(sm >> 16 & 0xFF), p.xd.w * (float)(sm >> 24));
+        const float d = f16_to_float(hd[0] & 0xFFFF), dmin = f16_to_float(hd[0] >> 16);
         if (TILES == 1 && t0)
-            acc[(r + 2) % 4] += v;
+            acc[(r + 2) % 4] = fmaf(d, dots, fmaf(-dmin, mins, acc[(r + 2) % 4]));
         else
-            acc[r] += v;
+            acc[r] = fmaf(d, dots, fmaf(-dmin, mins, acc[r]));
     }
 }
 
@@ -140,6 +147,7 @@ __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, c
     for (int r = 0; r < 4; ++r)  // rows past n_rows re-read the last one and are never stored
         rows[r] = W + (size_t)min(row0 + g + 8 * r, n_rows - 1) * stride;
     const int own_mma = c / 2 == g / 2 % 2 ? 2 * (g / 4) + g % 2 : -1;
+    const K4Scales scales(c);
 
     float acc[4] = {};
     XmPart part;
@@ -149,7 +157,7 @@ __device__ __forceinline__ void matvec_mma_q4_K(const uint8_t* __restrict__ W, c
     for (int s = warp; s < n_super; s += n_warps) {
         if (s != warp) load_weights(part, rows, s, c);
         load_x(part, xq, xds, s, g, c, own_mma >= 0);
-        multiply_part(part, c, own_mma, acc);
+        multiply_part(part, scales, own_mma, acc);
     }
 
 #pragma unroll
@@ -195,8 +203,9 @@ struct BulkStage {
     static constexpr int ODD = (XM_ROWS / 2) * SEG + 64;  // where a stage's odd rows begin
     static constexpr int BYTES = ODD + (XM_ROWS / 2) * SEG;
     static_assert(SEG % 16 == 0 && ODD % 128 == 64 && BYTES % 16 == 0, "bulk copies move 16-byte units");
-    // row r's segment of a stage
-    static __device__ __forceinline__ uint8_t* row(uint8_t* stage, int r) { return stage + (r % 2 ? ODD : 0) + (r / 2) * SEG; }
+    // where row r's segment lies in a stage
+    static __device__ __forceinline__ int offset(int r) { return (r % 2 ? ODD : 0) + (r / 2) * SEG; }
+    static __device__ __forceinline__ uint8_t* row(uint8_t* stage, int r) { return stage + offset(r); }
 };
 // a block's ring of stages: with 2 blocks an SM, 2 of 36.9 KB each keep ~74 KB in flight an SM, past what memory's
 // latency asks (~30 KB a microsecond at 4 TB/s); 3 measured 1% slower (H200, 8B Q4_K_M decode 417.5 against
@@ -204,7 +213,7 @@ struct BulkStage {
 constexpr int XB_STAGES = 2;
 constexpr int XB_BLOCKS_AN_SM = 2;
 // the wide form's (matvec_x16_bulk16_q4_K) warps, two a superblock of its stages, its blocks one an SM, its ring and
-// its registers: 16 warps of 72 and the next launch's block of 8 warps of 112 (the rope form's 109, allocated by 8)
+// its registers: 16 warps of 72 and the next launch's block of 8 warps of 112 (the rope form's 106, allocated by 8)
 // fill an SM's 64K, its 3 stages and that block's 2 its shared memory
 constexpr int XB_WIDE_WARPS = 16, XB_WIDE_STAGES = 3, XB_WIDE_REGISTERS = 72;
 
@@ -243,16 +252,39 @@ __device__ __forceinline__ void bulk_wait(uint64_t* bar, uint32_t parity) {
 #endif
 }
 
-// What matvec_mma_q4_K's lane loads of its superblock, from a stage: local superblock `sl` of its rows. The
-// pieces load_q4_K_pieces reads, but from shared addresses: through it (its 64-bit row offsets) a stage took
-// 421 SASS instructions, not 407.
+// A bulk kernel's step k: stage `col` of the block's group `group` (k = group · per_group + col), counted as k goes,
+// not divided out of it (a division by per_group: 29 of matvec_x16_bulk_q4_K's 401 SASS instructions a stage).
+struct BulkStep {
+    int col, group;
+    __device__ __forceinline__ void next(int per_group) { col + 1 < per_group ? ++col : (col = 0, ++group); }
+    // the step `ahead` steps on
+    __device__ __forceinline__ BulkStep after(int ahead, int per_group) const {
+        BulkStep s = *this;
+#pragma unroll
+        for (int i = 0; i < ahead; ++i) s.next(per_group);
+        return s;
+    }
+};
+
+// What matvec_mma_q4_K's lane loads of its superblock, from a stage: the pieces load_q4_K_pieces reads, from shared
+// addresses. Rows g + 16·t0 + 8r lie 4r segments past row g + 16·t0 (BulkStage::offset), so the 12 loads are one
+// address and constants: `at`, the lane's first row's superblock in the stage (staged_at), its quants 16 + 16c on.
+// (Each row's address worked out in the loop, as before, took a stage 10 SASS instructions more.)
 template <int SB, int TILES>
-__device__ __forceinline__ void load_staged(XmPart& p, uint8_t* stage, int sl, int g, int c, int t0) {
+__device__ __forceinline__ void load_staged(XmPart& p, const uint8_t* stage, int at, int c) {
+    const uint8_t *head = stage + at, *qs = head + 16 * (1 + c);
 #pragma unroll
     for (int r = 0; r < 2 * TILES; ++r) {
-        const uint4* b = reinterpret_cast<const uint4*>(BulkStage<SB>::row(stage, g + 16 * t0 + 8 * r) + sizeof(block_q4_K) * sl);
-        p.head[r] = b[0], p.qs[r][0] = b[1 + c], p.qs[r][1] = b[5 + c];
+        p.head[r] = *reinterpret_cast<const uint4*>(head + 4 * r * BulkStage<SB>::SEG);
+        p.qs[r][0] = *reinterpret_cast<const uint4*>(qs + 4 * r * BulkStage<SB>::SEG);
+        p.qs[r][1] = *reinterpret_cast<const uint4*>(qs + 4 * r * BulkStage<SB>::SEG + 64);
     }
+}
+
+// load_staged's `at`: superblock sl of row g + 16·t0.
+template <int SB>
+__device__ __forceinline__ int staged_at(int sl, int g, int t0) {
+    return BulkStage<SB>::offset(g + 16 * t0) + (int)sizeof(block_q4_K) * sl;
 }
 
 // Every group of 32 rows blockIdx.x + k·gridDim.x of the fused weights (common.cuh fused_part); every
@@ -281,45 +313,48 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
         for (int i = 0; i < STAGES; ++i) bulk_barrier_init(&full[i]);
     __syncthreads();
 
-    // step k: stage k % per_group of the block's group k / per_group, in slot k % STAGES
-    auto group_of = [&](int k, int& i) {
-        int u = blockIdx.x + k / per_group * gridDim.x;
+    // step k (BulkStep at): in slot k % STAGES
+    auto group_of = [&](const BulkStep& at, int& i) {
+        int u = blockIdx.x + at.group * gridDim.x;
         i = fused_part(u, XM_ROWS, rows0, rows1);
         return u;
     };
-    auto issue = [&](int k) {  // warp 0
+    auto issue = [&](int k, const BulkStep& at) {  // warp 0
         int i;
-        const int u = group_of(k, i), n_rows = pick(i, rows0, rows1, rows2);
+        const int u = group_of(at, i), n_rows = pick(i, rows0, rows1, rows2);
         uint64_t* bar = &full[k % STAGES];
         if (lane == 0) bulk_expect(bar, XM_ROWS * Stage::SEG);
         __syncwarp();
         const uint8_t* row = pick(i, W0, W1, W2) + (size_t)min(u * XM_ROWS + lane, n_rows - 1) * stride;  // past n_rows: never stored
-        bulk_copy(Stage::row(stages + k % STAGES * Stage::BYTES, lane), row + (size_t)(k % per_group) * Stage::SEG, Stage::SEG, bar);
+        bulk_copy(Stage::row(stages + k % STAGES * Stage::BYTES, lane), row + (size_t)at.col * Stage::SEG, Stage::SEG, bar);
     };
     if (warp == 0)
-        for (int k = 0; k < min(STAGES, n_steps); ++k) issue(k);
+        for (int k = 0; k < min(STAGES, n_steps); ++k) issue(k, BulkStep{0, 0}.after(k, per_group));
     if (warp == WARPS - 1 && n_steps > 0) {  // the warp storing the first group
         int i;
-        const int row0 = group_of(0, i) * XM_ROWS;
+        const int row0 = group_of(BulkStep{0, 0}, i) * XM_ROWS;
         ask_l2_for_store_reads(i == 0 ? add : nullptr, norm.w, row0);
     }
     follow_previous_kernel();
     const float scale = x_sums ? norm_scale(x_sums, n_cols, eps) : 1.0f;
 
     const int own_mma = c / 2 == g / 2 % 2 ? 2 * (g / 4) + g % 2 : -1;
+    const K4Scales scales(c);
     float acc[4] = {};
     int due = -1;  // the q or k head the block's stores completed (rope_after_store)
-    for (int k = 0; k < n_steps; ++k) {
+    BulkStep at{0, 0};
+    // the warp's superblock and tile; with TILES 2 (SB == WARPS) warp and 0 as such: the compiler does not know
+    // warp < WARPS, and the 8-warp kernels' code stays as it was
+    const int sl = TILES == 2 ? warp : warp % SB, t0 = TILES == 2 ? 0 : warp / SB;
+    const int staged = staged_at<SB>(sl, g, t0);
+    for (int k = 0; k < n_steps; ++k, at.next(per_group)) {
         bulk_wait(&full[k % STAGES], k / STAGES % 2);
         XmPart part;
-        // the warp's superblock and tile; with TILES 2 (SB == WARPS) warp and 0 as such: the compiler does not know
-        // warp < WARPS, and the 8-warp kernels' code (103 and 109 registers) stays as it was
-        const int sl = TILES == 2 ? warp : warp % SB, t0 = TILES == 2 ? 0 : warp / SB;
-        load_staged<SB, TILES>(part, stages + k % STAGES * Stage::BYTES, sl, g, c, t0);
-        load_x(part, xq, xds, k % per_group * SB + sl, g, c, own_mma >= 0);
-        multiply_part<TILES>(part, c, own_mma, acc, t0);
-        const bool last = k % per_group == per_group - 1;
-        float(&mine)[WARPS][XM_ROWS] = partial[k / per_group % 2];
+        load_staged<SB, TILES>(part, stages + k % STAGES * Stage::BYTES, staged, c);
+        load_x(part, xq, xds, at.col * SB + sl, g, c, own_mma >= 0);
+        multiply_part<TILES>(part, scales, own_mma, acc, t0);
+        const bool last = at.col == per_group - 1;
+        float(&mine)[WARPS][XM_ROWS] = partial[at.group % 2];
         if (last) {
 #pragma unroll
             for (int r = 0; r < 4; ++r) {  // the row's 4 lanes, then the warps in order
@@ -333,12 +368,12 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
         __syncthreads();  // the slot is free, the group's partial sums are in
         if (last && warp == WARPS - 1) {  // the other warps go on to the next stage; warp 0 asks for the next one
             int i;
-            const int u = group_of(k, i), n_rows = pick(i, rows0, rows1, rows2);
+            const int u = group_of(at, i), n_rows = pick(i, rows0, rows1, rows2);
             const float v = store_group(mine, WARPS, pick(i, y0, y1, y2), i == 0 ? add : nullptr, u * XM_ROWS, n_rows,
                                         scale, norm);
             if (rope) due = rope_after_store<XM_ROWS>(*rope, i, u * XM_ROWS, n_rows, v);
         }
-        if (warp == 0 && k + STAGES < n_steps) issue(k + STAGES);
+        if (warp == 0 && k + STAGES < n_steps) issue(k + STAGES, at.after(STAGES, per_group));
     }
     if (rope && due >= 0 && warp == WARPS - 1) rope_head(*rope, due);
 }
@@ -352,8 +387,8 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
 // downs: 128 groups of 48 superblocks): one block of 8 warps an SM multiplied their stages in turn, each bound by its
 // warps' chains of dependent mmas, at 1.8 TB/s. Run 34's form, 16 warps a stage of 16 superblocks, took the down 15.5 ->
 // 8.9 us, but its 147 KB ring and 53K registers left the next launch no room to start beside it (its q, k (v) 11.2 /
-// 7.1 us against 7.5 / 4.6); in XB_WIDE_STAGES stages of 8 and XB_WIDE_REGISTERS registers (8 bytes spilled) the down
-// takes 13.2 us, the next launch 7.6 / 4.9 again (H200, Qwen3-8B Q4_K_M decode +0.4%; docs/perf-notes.md run 35).
+// 7.1 us against 7.5 / 4.6); in XB_WIDE_STAGES stages of 8 and XB_WIDE_REGISTERS registers (then 8 bytes spilled) the
+// down takes 13.2 us, the next launch 7.6 / 4.9 again (H200, Qwen3-8B Q4_K_M decode +0.4%; docs/perf-notes.md run 35).
 // LAUNCH: block = 32 · XB_WIDE_WARPS; grid = Σ ceil(rows_i / XM_ROWS) (at most SMs); dynamic shared memory
 // XB_WIDE_STAGES · BulkStage<XM_WARPS>::BYTES.
 #define MATVEC_BULK_KERNEL(suffix, REGISTERS, warps, sb, ring)                                                \
