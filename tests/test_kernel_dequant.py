@@ -269,11 +269,11 @@ def random_x16(rng, n_cols: int):
 
 @pytest.mark.parametrize("ggml_type", X16_TYPES, ids=lambda t: t.name)
 def test_x16_units_are_gguf_pys_weights_times_x(x16_program, tmp_path, ggml_type):
-    """Each 32-weight unit a thread of the int16 matvecs loads (matvec_x16.cu), times x's int16
-    blocks as x16_unit::dot sums it, is gguf-py's dequantized weights times x_deq over the unit's two runs, and the
-    runs of a row's units cover each of its columns once. Random weight bytes with finite scales, random int16 x
-    with the extremes; a quant unpacked wrong moves a pair of units by about a term (1/64 of its magnitude), where
-    float32's roundings moved it by at most 9e-8 of it."""
+    """Each 32-weight unit a thread of the int16 matvecs loads (matvec_x16.cu), times x's int16 blocks as
+    x16_unit::dot sums it, is gguf-py's dequantized weights times x_deq over the unit's two runs, and the runs of a
+    row's units cover each of its columns once. Random weight bytes with finite scales, random int16 x with the
+    extremes; a quant unpacked wrong moves a pair of units by about a term (1/64 of its magnitude), where float32's
+    roundings moved it by at most 9e-8 of it."""
     from gguf.quants import dequantize as gguf_dequantize
 
     rng = np.random.default_rng(1600 + ggml_type)
