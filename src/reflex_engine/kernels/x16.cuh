@@ -183,7 +183,8 @@ __host__ __device__ __forceinline__ uint32_t q6_times_4(uint32_t low, uint32_t h
 // Unit u of Q6_K: in block u / 8, v = u % 8 picks half h = v / 4, kk = v / 2 % 2 and l0 = 16(v % 2):
 // the 16 bytes ql[64h + 32kk + l0 ..] hold elements l0.. of quarter kk of the half in their low
 // nibbles (run a) and of quarter kk + 2 in their high ones (run b), qh[32h + l0 ..] their bits 4-5.
-// The quants go in as 4(q - 32) and the scales as d·sc / 4 (d / 4 is exact): the same products, to the bit.
+// The quants go in as 4(q - 32) and the scales as d·sc / 4 (d / 4 is exact): the same products, to the bit, but
+// where scale times x's scale is a float32 subnormal (or overflows): an x block of |x| < ~1e-26 (or > ~1e36).
 template <> struct x16_type<block_q6_K> {
     static constexpr bool has_min = false, one_block = false;
     __host__ __device__ static void runs(int u, int& k0, int& k1) {
