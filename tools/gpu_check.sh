@@ -23,7 +23,7 @@
 #               on the shape's file (Q4_K_M unless named) (the decode step after it too), with CHECK's and BENCH's files
 #   NCU_DETAIL="8b:16:q4_k_m:gemm_q4_K[:skip]"  ncu --set full on one launch of that kernel (after skip), $OUT/ncu-detail.txt,
 #               at the clocks the benchmarks run at (run 15's ran at ncu's locked base clock: SMs at 1.36 GHz, below their boost),
-#               and its SASS with each line's stall samples, $OUT/ncu-source-KERNEL.csv.gz
+#               and its SASS with each line's stall samples, $OUT/ncu-source-KERNEL.csv.gz (read by tools/ncu_stalls.py)
 #   LAUNCH_PROBE=1  tools/probe_launch_shapes.py on each MAIN_SHAPES file of QUANTS (LAUNCH_PROBE_ARGS): weights a
 #               launch and the short-prompt GEMM's column splits against decode and prefill 16 and 64
 #   PROBES="tools/probe_graph_nodes.py ..."  each of those tools on each MAIN_SHAPES Q4_K_M file: probe_timeline (a decode
@@ -169,6 +169,7 @@ for run in ${NCU_DETAIL:-}; do  # shape:tokens:quant:kernel[:skip]: ncu's full r
     rm -f "$OUT/ncu-detail.txt.tmp"
     # its SASS with each line's warp-stall samples by reason (the source page), gzipped
     ncu --import /tmp/ncu-detail.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu-source-$kernel.csv.gz"
+    python3 tools/ncu_stalls.py "$OUT/ncu-source-$kernel.csv.gz" | tee -a "$LOG" | head -12
 done
 
 if [ "${LAUNCH_PROBE:-0}" = 1 ]; then  # the matmuls' launch shapes
