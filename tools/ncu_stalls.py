@@ -7,6 +7,7 @@ samples, then the SASS lines holding the most samples, in program order, each wi
 import argparse
 import csv
 import gzip
+import signal
 from collections import Counter
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
@@ -17,6 +18,7 @@ def count(text: str) -> int:
 
 
 def main() -> None:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # read through `head`: its end is the reader's, not an error
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("source_csv")
     ap.add_argument("--lines", type=int, default=30)
