@@ -8,6 +8,7 @@ import argparse
 import csv
 import gzip
 import signal
+import sys
 from collections import Counter
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
@@ -23,10 +24,16 @@ def main() -> None:
     ap.add_argument("source_csv")
     ap.add_argument("--lines", type=int, default=30)
     args = ap.parse_args()
-    with gzip.open(args.source_csv, "rt") as f:
-        table = list(csv.reader(f))
-    header = table[1]  # the first row names the kernel
+    try:
+        with gzip.open(args.source_csv, "rt") as f:
+            table = list(csv.reader(f))
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as e:
+        sys.exit(f"ncu_stalls: {args.source_csv}: {e}")
+    header = table[1] if len(table) > 1 else []  # the first row names the kernel
     col = {name: i for i, name in enumerate(header)}
+    if SAMPLES not in col or "Source" not in col:
+        sys.exit(f"ncu_stalls: {args.source_csv} is not ncu's source page with stall samples "
+                 "(ncu --import REPORT --page source --csv --print-source sass)")
     lines = [row for row in table[2:] if len(row) == len(header)]
     reasons = [name for name in header if name.startswith("stall_") and "Not Issued" not in name]
 
