@@ -11,6 +11,8 @@ Environment:
   REFLEX_CUDA_COMPILER  auto (default) | nvrtc | nvcc
   REFLEX_CUDA_ARCH      comma list narrowing the targets, e.g. sm_90 or sm_80,sm_90,compute_90
   REFLEX_CUDA           1: a missing compiler is a build failure; 0: build no kernels at all
+  REFLEX_CUDA_CLOCKS    1: a timing build, whose blocks record their marks (kernels/clocks.cuh,
+                        tools/probe_clocks.py); never a package's image
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from typing import NamedTuple
 SASS_TARGETS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
 PTX_TARGET = "compute_120"  # the newest architecture: JIT-compiled only where no cubin fits
 FLAGS = ("-std=c++17",)
+CLOCKS_FLAG = "-DREFLEX_CLOCKS"
 IMAGE_DIR = "cuda_image"  # inside the package: reflex_engine/cuda_image/
 MANIFEST = "manifest.json"
 UNITY_NAME = "reflex_kernels.cu"
@@ -174,7 +177,7 @@ class Nvcc:
             raise CompilerUnusable(f"{path} --version printed no version")
         self.version = match.group(1)
 
-    def compile(self, source: str, include_dir: str, target: Target) -> tuple[bytes, str]:
+    def compile(self, source: str, include_dir: str, target: Target, flags=FLAGS) -> tuple[bytes, str]:
         """(cubin or PTX bytes, warnings). The source is a file's text; nvcc reads it from a temp dir."""
         number = target.arch.split("_")[1]
         kind_flag = "-ptx" if target.kind == "ptx" else "-cubin"
@@ -183,7 +186,7 @@ class Nvcc:
             src, out = os.path.join(tmp, UNITY_NAME), os.path.join(tmp, target.file_name)
             with open(src, "w") as fh:
                 fh.write(source)
-            cmd = [self.path, kind_flag, *FLAGS, "-O3", "-gencode", f"arch=compute_{number},code={code}",
+            cmd = [self.path, kind_flag, *flags, "-O3", "-gencode", f"arch=compute_{number},code={code}",
                    "-I", include_dir, "-o", out, src]
             run = subprocess.run(cmd, capture_output=True, text=True)
             log = (run.stdout + run.stderr).strip()
@@ -328,7 +331,7 @@ class Nvrtc:
         if result != 0:
             raise BuildError(f"{what}: {self.lib.nvrtcGetErrorString(result).decode()}")
 
-    def compile(self, source: str, include_dir: str, target: Target) -> tuple[bytes, str]:
+    def compile(self, source: str, include_dir: str, target: Target, flags=FLAGS) -> tuple[bytes, str]:
         lib, prog = self.lib, ctypes.c_void_p()
         names = list(NVRTC_HEADERS)
         texts = (ctypes.c_char_p * len(names))(*[NVRTC_HEADERS[n].encode() for n in names])
@@ -337,7 +340,7 @@ class Nvrtc:
         self._check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), UNITY_NAME.encode(),
                                            len(names), texts, includes), "nvrtcCreateProgram")
         try:
-            options = [f"--gpu-architecture={target.arch}", *FLAGS, f"--include-path={include_dir}"]
+            options = [f"--gpu-architecture={target.arch}", *flags, f"--include-path={include_dir}"]
             options += [f"--include-path={d}" for d in self.include_dirs]
             argv = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
             result = lib.nvrtcCompileProgram(prog, len(options), argv)
@@ -401,12 +404,17 @@ def choose_compiler(env) -> Nvcc | Nvrtc:
 
 # -- the build ----------------------------------------------------------------------------------------
 
-def compile_all(compiler, source: str, include_dir: str, targets: list[Target]) -> dict[Target, Compiled]:
+def build_flags(env) -> tuple[str, ...]:
+    return FLAGS + ((CLOCKS_FLAG,) if env.get("REFLEX_CUDA_CLOCKS", "").strip() == "1" else ())
+
+
+def compile_all(compiler, source: str, include_dir: str, targets: list[Target],
+                flags=FLAGS) -> dict[Target, Compiled]:
     """Every target at once: nvcc runs as one process per target, NVRTC releases the GIL in ctypes,
     so threads keep every core busy either way."""
     def one(target):
         start = time.perf_counter()
-        data, log = compiler.compile(source, include_dir, target)
+        data, log = compiler.compile(source, include_dir, target, flags)
         return Compiled(data, log, time.perf_counter() - start)
 
     with ThreadPoolExecutor(max_workers=min(len(targets), os.cpu_count() or 1)) as pool:
@@ -433,11 +441,11 @@ def classify_failure(compiler, include_dir: str, target: Target, error: BuildErr
     return error
 
 
-def build_key(compiler, targets: list[Target], digest: str) -> dict:
+def build_key(compiler, targets: list[Target], digest: str, flags=FLAGS) -> dict:
     with open(os.path.abspath(__file__), "rb") as fh:  # a changed build step rebuilds too
         builder = hashlib.sha256(fh.read()).hexdigest()
     return {"compiler": compiler.name, "compiler_version": compiler.version,
-            "targets": [t.arch for t in targets], "flags": list(FLAGS), "sources_sha256": digest,
+            "targets": [t.arch for t in targets], "flags": list(flags), "sources_sha256": digest,
             "build_kernels_sha256": builder}
 
 
@@ -508,12 +516,13 @@ def build_image(kernel_dir: str, out_dir: str, env=None, log=None) -> dict | Non
         if not sources:
             raise CompilerUnusable(f"no kernel sources in {kernel_dir}")
         compiler = choose_compiler(env)
-        key = build_key(compiler, targets, sources_digest(kernel_dir))
+        flags = build_flags(env)
+        key = build_key(compiler, targets, sources_digest(kernel_dir), flags)
         if is_current(out_dir, key):
             log(f"reflex: CUDA kernels up to date in {out_dir}")
             return read_manifest(out_dir)
         start = time.perf_counter()
-        results = compile_all(compiler, unity_source(sources), kernel_dir, targets)
+        results = compile_all(compiler, unity_source(sources), kernel_dir, targets, flags)
         seconds = time.perf_counter() - start
     except CompilerUnusable as e:
         if strict:
@@ -527,7 +536,7 @@ def build_image(kernel_dir: str, out_dir: str, env=None, log=None) -> dict | Non
     manifest = {
         "format": FORMAT,
         "compiler": {"name": compiler.name, "version": compiler.version, "path": compiler.path},
-        "flags": list(FLAGS),
+        "flags": list(flags),
         "sources": sources,
         "build_seconds": round(seconds, 2),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

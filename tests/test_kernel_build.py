@@ -91,6 +91,17 @@ def test_the_installed_image_matches_its_manifest():
             assert bk.cubin_elf_abi(data)[1] == entry["elf_abi_version"] == manifest["elf_abi_version"][entry["arch"]]
     if not manifest["narrowed_by"]:
         assert find_image((9, 0)).arch == "sm_90" and find_image((13, 0)).kind == "ptx"
+    assert bk.CLOCKS_FLAG not in manifest["flags"], "a timing build (REFLEX_CUDA_CLOCKS=1) is never a package's image"
+
+
+def test_a_timing_build_defines_reflex_clocks_and_is_never_current_for_a_plain_one():
+    class Compiler:
+        name, version = "nvcc", "13.0.0"
+
+    timing = bk.build_flags({"REFLEX_CUDA_CLOCKS": "1"})
+    assert bk.build_flags({}) == bk.FLAGS and timing == bk.FLAGS + ("-DREFLEX_CLOCKS",)
+    targets = bk.parse_targets("sm_90")
+    assert bk.build_key(Compiler, targets, "digest", timing) != bk.build_key(Compiler, targets, "digest")
 
 
 def kernel_bodies(source: str):
@@ -143,6 +154,8 @@ def test_every_kernel_waits_for_the_previous_kernel_before_anything_else():
                 assert wait and not re.search(r"\b(xq|xds|add|y)\b", before), f"{name}: {kernel} reads activations before its wait"
                 continue
             statements = [part.strip() for part in re.sub(r"//[^\n]*", "", body).replace("\\", " ").split(";")]
+            if statements[0] == "const BlockClock clocked":  # marks the block's start: no kernel reads its record
+                statements = statements[1:]
             if kernel in ASKS_L2_BEFORE_WAIT:
                 ask = ASKS_L2_BEFORE_WAIT[kernel]
                 asked = re.sub(r"^if \([^)]*\)\s*", "", statements[0])  # where it asks at all

@@ -35,6 +35,9 @@
 #               or with a variant's own package (build_variant.sh --python); VARIANT_ROUNDS=N (N > 1): N rounds, each the
 #               carried tree's probe first (with VARIANT_ARGS), then every variant's (a-b-a-b: cross-process spread is ~1%);
 #               one round (the default) runs the variants alone
+#   CLOCKS=1    tools/probe_clocks.py (CLOCKS_ARGS) on each MAIN_SHAPES Q4_K_M file with the timing package .clocks/clocks
+#               (built here: tools/build_variant.sh clocks --clocks): when each decode node's blocks start against the
+#               node before's end, and what the matvecs' steps wait on
 #   PROBE=1     tools/probe_overlap.py on PROBE_SHAPES' files (the first MAIN_SHAPES; 16-token prompt, n=PROBE_N, 10, PROBE_VARIANTS, PROBE_ARGS):
 #               fresh processes beside the Python floor: the upload's overlap, the driver's queues, the way out
 #   SIDECAR=1   with COLD: the sidecar's cold start (sidecar/tools/cold_start.py, its wheels in .whl/)
@@ -125,7 +128,7 @@ fi
 model_file() { case $1 in dsv2-lite|qwen35-*) echo "/tmp/$1-$2.gguf" ;; *) echo "/tmp/qwen3-$1-$2.gguf" ;; esac; }
 MOE_SHAPES=${MOE_SHAPES:-30b-a3b dsv2-lite}
 q4_only() { case " $MOE_SHAPES " in *" $1 "*) return 0 ;; esac; return 1; }  # the MoE files: Q4_K_M alone
-if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ] || [ -n "${NCU:-}" ] || [ -n "${NCU_DETAIL:-}" ] || [ "${LAUNCH_PROBE:-0}" = 1 ] || [ "${VARIANTS:-0}" = 1 ] || [ -n "${PROBES:-}" ]; then
+if [ "${BENCH:-0}" = 1 ] || [ "${COLD:-0}" = 1 ] || [ "${PROFILE:-0}" = 1 ] || [ "${PROBE:-0}" = 1 ] || [ -n "${NCU:-}" ] || [ -n "${NCU_DETAIL:-}" ] || [ "${LAUNCH_PROBE:-0}" = 1 ] || [ "${VARIANTS:-0}" = 1 ] || [ -n "${PROBES:-}" ] || [ "${CLOCKS:-0}" = 1 ]; then
     tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
     QUANTS=${QUANTS:-q4_k_m}
     SHAPES=${MAIN_SHAPES:-0.6b 8b}; [ "${MOE:-0}" = 1 ] && SHAPES="$SHAPES $MOE_SHAPES"; [ "${HYBRID:-0}" = 1 ] && SHAPES="$SHAPES qwen35-0.8b"
@@ -185,6 +188,14 @@ for probe in ${PROBES:-}; do
         python3 "$probe" "$(model_file $shape q4_k_m)" 2>&1 | tee -a "$LOG"
     done
 done
+
+if [ "${CLOCKS:-0}" = 1 ]; then  # the timing package's own image and Python, the helper built here
+    cp src/reflex_engine/_native*.so .clocks/clocks/src/reflex_engine/ 2>/dev/null
+    for shape in ${MAIN_SHAPES:-0.6b 8b}; do
+        PYTHONPATH=$ROOT/.clocks/clocks/src${PYTHONPATH#"$ROOT/src"} python3 tools/probe_clocks.py "$(model_file $shape q4_k_m)" \
+            ${CLOCKS_ARGS:-} 2>&1 | tee -a "$LOG"
+    done
+fi
 
 if [ "${VARIANTS:-0}" = 1 ]; then  # kernel images (or packages) built here, each in turn in place of the carried one
     wait_peer  # nothing compiles beside the timings

@@ -361,6 +361,7 @@ extern "C" __global__ void ATTN_CLUSTER_DIMS __launch_bounds__(ATTN_WARPS * WARP
 attention_cluster(const float* q, const __half* k_cache, const __half* v_cache, const int* slot_seg,
                   const int* seg, float* out, const int* start_at, int n_tok, int n_heads, int n_kv_heads, int dk,
                   int dv, float scale, float* partials, int* counts, uint8_t* xq, float2* xds) {
+    const BlockClock clocked;
     // a decode step's clusters (n_heads x 8 blocks) fit the SMs at once and start beside the rope; a short batch's
     // may take waves, whose later blocks would ask on their own path
     if (n_tok == 1) ask_l2_for_earlier_slots(k_cache, v_cache, start_at, n_tok, n_heads, n_kv_heads, dk, dv);

@@ -4,6 +4,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "clocks.cuh"
+
 #define WARP 32
 
 // Every kernel's first statement. On sm_90+ kernels are launched with programmatic stream
@@ -13,10 +15,12 @@
 // written (the previous kernel may still be reading what this one overwrites), but for what no
 // kernel writes: the decode matvecs ask for their first weights first.
 __device__ __forceinline__ void follow_previous_kernel() {
+    clock_mark(MARK_WAIT);
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+    clock_mark(MARK_FOLLOWED);
 }
 
 // follow_previous_kernel with the next kernel's launch let go first: its blocks may then start (and ask for what
@@ -24,10 +28,12 @@ __device__ __forceinline__ void follow_previous_kernel() {
 // which comes after this kernel's own wait. Taken by the short decode kernels a matvec follows (rope, SwiGLU, the
 // cluster attention): +0.7-0.9% on Qwen3-0.6B and 8B decode; every kernel early lost 2-2.5%, the matvecs ~1%.
 __device__ __forceinline__ void follow_previous_kernel_early() {
+    clock_mark(MARK_WAIT);
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+    clock_mark(MARK_FOLLOWED);
 }
 
 // The cluster barrier's halves: every thread of the cluster arrives, then waits until all have (or exited).

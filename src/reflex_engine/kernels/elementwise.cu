@@ -122,6 +122,7 @@ extern "C" __global__ void add_f32(const float* a, const float* b, float* y, int
 // silu(gate) * up as gate / (1 + exp(-gate)) * up: exp overflowing to inf gives -0, as in numpy. With
 // xq, y's int16 blocks too (x16.cuh; n a multiple of 32).
 extern "C" __global__ void swiglu_f32(const float* gate, const float* up, float* y, int64_t n, uint8_t* xq, float2* xds) {
+    const BlockClock clocked;
     follow_previous_kernel_early();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const bool in = i < n;  // lanes past n still take part in store_x16's shuffles

@@ -82,6 +82,7 @@ __device__ __forceinline__ void add_x16_dots(const uint8_t* __restrict__ W, cons
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) acc[r][t] = fmaf(weight, w[r].template dot<T::has_min>(xa, xb, da, db), acc[r][t]);
         }
+        clock_step((u - threadIdx.x) / blockDim.x, true);
     }
 }
 
@@ -106,6 +107,7 @@ __device__ __forceinline__ void matvec_x16_decode(const uint8_t* W0, const uint8
                                                   const uint8_t* xq, const float2* xds, float* y0, float* y1, float* y2,
                                                   const float* add, int rows0, int rows1, int rows2, int n_cols,
                                                   const float* x_sums, float eps, const NormOut& norm, const RopeOut* rope) {
+    const BlockClock clocked;
     int u = blockIdx.x;
     const int v_blocks = (rows0 + X16_DECODE_ROWS - 1) / X16_DECODE_ROWS;
     if (rope && !rope->tickets && u >= v_blocks) {

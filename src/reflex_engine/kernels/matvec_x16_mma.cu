@@ -299,6 +299,7 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
                                                  float* y0, float* y1, float* y2, const float* __restrict__ add,
                                                  int rows0, int rows1, int rows2, int n_cols, const float* x_sums,
                                                  float eps, const NormOut& norm, const RopeOut* rope) {
+    const BlockClock clocked;
     extern __shared__ __align__(128) uint8_t stages[];
     __shared__ uint64_t full[STAGES];
     __shared__ float partial[2][WARPS][XM_ROWS];  // by the group's parity: the last one's may still be read
@@ -349,6 +350,7 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
     const int staged = staged_at<SB>(sl, g, t0);
     for (int k = 0; k < n_steps; ++k, at.next(per_group)) {
         bulk_wait(&full[k % STAGES], k / STAGES % 2);
+        clock_step(k, false);
         XmPart part;
         load_staged<SB, TILES>(part, stages + k % STAGES * Stage::BYTES, staged, c);
         load_x(part, xq, xds, at.col * SB + sl, g, c, own_mma >= 0);
@@ -366,6 +368,7 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
             }
         }
         __syncthreads();  // the slot is free, the group's partial sums are in
+        clock_step(k, true);
         if (last && warp == WARPS - 1) {  // the other warps go on to the next stage; warp 0 asks for the next one
             int i;
             const int u = group_of(at, i), n_rows = pick(i, rows0, rows1, rows2);

@@ -1,0 +1,80 @@
+"""tools/probe_clocks.py's reading of a timing build's block records (kernels/clocks.cuh), on records made here from
+known times: each block's SM clock starts anywhere (wrapping past 2^32 included), so every mark must be placed from
+its own block's wait."""
+import numpy as np
+import pytest
+
+import probe_clocks as pc
+
+RATE = 1.98  # SM cycles a ns
+
+
+def block(grid: int, marks_ns: dict[int, float], rng, sm: int = 0) -> np.ndarray:
+    """One block's record: its marks at those global-timer ns, its clock offset random."""
+    r = np.zeros(1, pc.RECORD)
+    r["grid"], r["sm"], r["blocks"] = grid, sm, 1
+    r["wait_ns"], r["followed_ns"] = marks_ns[pc.MARK_WAIT], marks_ns[pc.MARK_FOLLOWED]
+    offset = int(rng.integers(0, 2**32))
+    for mark, ns in marks_ns.items():
+        r["marks"][0, mark] = (offset + round(ns * RATE)) % 2**32 | 1
+    return r
+
+
+def steps(*pairs) -> dict[int, float]:
+    """Step marks: (bytes in, products done) ns of steps 0, 1, ..."""
+    out = {}
+    for k, (bytes_in, done) in enumerate(pairs):
+        out[pc.MARK_STEP + 2 * k], out[pc.MARK_STEP + 2 * k + 1] = bytes_in, done
+    return out
+
+
+def test_mark_times_place_every_mark_from_its_own_blocks_wait_across_clock_wraps():
+    rng = np.random.default_rng(1)
+    marks = {pc.MARK_START: 9_000.0, pc.MARK_WAIT: 10_000.0, pc.MARK_FOLLOWED: 13_500.0, pc.MARK_END: 20_250.0}
+    records = np.concatenate([block(1, marks, rng) for _ in range(64)])
+    times = pc.mark_times(records, RATE)
+    for mark, ns in marks.items():
+        assert np.allclose(times[:, mark], ns, atol=1.0)
+    assert np.isnan(times[:, pc.MARK_STEP]).all()  # never marked
+
+
+def test_the_sm_clock_is_read_against_the_global_timer_from_the_long_waits():
+    rng = np.random.default_rng(2)
+    records = np.concatenate([block(1, {pc.MARK_WAIT: 1e6, pc.MARK_FOLLOWED: 1e6 + 3_000 + 100 * i}, rng)
+                              for i in range(12)])
+    assert pc.cycles_per_ns(records) == pytest.approx(RATE, rel=1e-3)
+    with pytest.raises(SystemExit, match="too few blocks"):
+        pc.cycles_per_ns(records[:5])
+
+
+def test_launches_come_in_the_order_they_started_and_each_blocks_figures_are_read():
+    rng = np.random.default_rng(3)
+    first = [block(9, {pc.MARK_WAIT: 1_000.0, pc.MARK_FOLLOWED: 1_500.0 + 10 * i, pc.MARK_END: 8_000.0 + i}, rng)
+             for i in range(3)]
+    # the second launch (a smaller grid id: order comes from the starts) is released at 8,400 ns; two of its four
+    # blocks waited from 5,000 ns (early), two started at 8,900 and 9,300 (late)
+    early = [block(4, {pc.MARK_START: 4_000.0, pc.MARK_WAIT: 5_000.0, pc.MARK_FOLLOWED: 8_400.0 + 50 * i,
+                       pc.MARK_END: 15_000.0 + 1_000 * i, **steps((9_000.0, 11_000.0), (12_000.0, 13_500.0))}, rng)
+             for i in range(2)]
+    late = [block(4, {pc.MARK_START: s, pc.MARK_WAIT: s + 100, pc.MARK_FOLLOWED: s + 150, pc.MARK_END: s + 5_000,
+                      **steps((s + 1_150, s + 3_150))}, rng) for s in (8_900.0, 9_300.0)]
+    found = pc.launches(np.concatenate(late + first + early), RATE)
+    assert [int(r["grid"][0]) for r, _ in found] == [9, 4]
+    f = pc.launch_figures(found[1][1])
+    assert f["early"] == 0.5
+    assert f["late start"] == pytest.approx((500 + 900) / 2 / 1e3, abs=1e-3)
+    assert f["release->end"] == pytest.approx((16_000 - 8_400) / 1e3, abs=1e-3)
+    # step 0's bytes after each block's own release: 600, 550 (early), 1,000, 1,000 (late)
+    assert f["step 0 wait"] == pytest.approx(np.median([600, 550, 1_000, 1_000]) / 1e3, abs=1e-3)
+    assert f["step wait"] == pytest.approx(1.0, abs=1e-3)  # 12,000 after 11,000; the late blocks took one step
+    assert f["step work"] == pytest.approx(2.0, abs=1e-3)  # 2,000, 1,500 (early) and 2,000, 2,000
+    assert np.isnan(f["iteration"])
+
+
+def test_a_kernel_marking_only_its_steps_ends_gets_iterations():
+    rng = np.random.default_rng(4)
+    marks = {pc.MARK_WAIT: 0.0, pc.MARK_FOLLOWED: 1_000.0, pc.MARK_STEP + 1: 1_700.0, pc.MARK_STEP + 3: 2_900.0}
+    (_, times), = pc.launches(block(5, marks, rng), RATE)
+    f = pc.launch_figures(times)
+    assert f["iteration"] == pytest.approx(np.median([700, 1_200]) / 1e3, abs=1e-3)
+    assert np.isnan(f["step work"]) and np.isnan(f["release->end"])

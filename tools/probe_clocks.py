@@ -1,0 +1,182 @@
+"""Where a replayed decode step's blocks spend their time, from a timing build's marks (kernels/clocks.cuh): for
+every kernel node, when its blocks started against the end of the kernel before (a programmatic launch lets them
+start early, if the SMs have room), how long after that end it took, and, for the matvecs that mark their steps,
+each step's wait for its bytes and its products. probe_timeline gives a node's span; this gives its blocks'.
+
+    REFLEX_CUDA_CLOCKS=1 bash tools/build_variant.sh clocks --python       (here: a package with a timing image)
+    PYTHONPATH=.variants/clocks/src python3 tools/probe_clocks.py MODEL [--replays 20] [--contexts 128]
+
+A node's release is the first moment one of its blocks got past its wait (the kernel before it had ended). Per
+place (probe_timeline's rows), means over its nodes of each replay's medians over blocks, then the median replay:
+
+  early         blocks already waiting at the release (the rest started after it)
+  late start    a late block's start after the release (median over the late ones)
+  release->end  the node's last block end (thread 0's) after its release
+  step 0 wait   a step-marking block's first bytes in after its release (or, started late, its start)
+  step wait     later steps' bytes in after the step before was done
+  step work     a step's products, from its bytes in to its block's barrier after it
+  iteration     (kernels marking only their steps' ends: the int16 matvecs' units) one round of a thread's loads
+                and products
+
+Timing builds only: needs a package whose image was built with REFLEX_CUDA_CLOCKS=1 (its blocks write records
+the production image has no room for). Throwaway measurement, never the engine's path.
+"""
+import argparse
+import ctypes
+import statistics
+import sys
+from collections import defaultdict
+from ctypes import byref, c_size_t, c_void_p
+
+import numpy as np
+
+from probe_graph_nodes import captured_step, load_for_steps, places
+
+MARK_START, MARK_WAIT, MARK_FOLLOWED, MARK_END, MARK_STEP = range(5)
+CLOCK_STEPS = 10
+# kernels/clocks.cuh BlockClocks
+RECORD = np.dtype([("grid", "<u8"), ("block", "<u4"), ("sm", "<u4"), ("blocks", "<u4"), ("pad", "<u4"),
+                   ("wait_ns", "<u8"), ("followed_ns", "<u8"), ("marks", "<u4", (MARK_STEP + 2 * CLOCK_STEPS,))])
+assert RECORD.itemsize == 136  # clocks.cuh static_asserts the same
+COLUMNS = ("early", "late start", "release->end", "step 0 wait", "step wait", "step work", "iteration")
+
+
+def cycles_per_ns(records: np.ndarray) -> float:
+    """The SM clock, from the blocks whose wait took long enough for the global timer's steps not to matter."""
+    ns = records["followed_ns"].astype(np.int64) - records["wait_ns"].astype(np.int64)
+    cycles = (records["marks"][:, MARK_FOLLOWED] - records["marks"][:, MARK_WAIT]).astype(np.uint32).astype(np.int64)
+    long = ns > 2000
+    if long.sum() < 10:
+        sys.exit("probe_clocks: too few blocks waited 2 us or more to read the SM clock against the global timer")
+    return float(np.median(cycles[long] / ns[long]))
+
+
+def mark_times(records: np.ndarray, rate: float) -> np.ndarray:
+    """(blocks, marks) ns on the global timer's line, NaN where unmarked: each mark placed from its block's wait."""
+    marks = records["marks"]
+    since_wait = (marks - marks[:, [MARK_WAIT]]).astype(np.uint32).view(np.int32).astype(np.float64) / rate
+    out = records["wait_ns"].astype(np.float64)[:, None] + since_wait
+    out[marks == 0] = np.nan
+    return out
+
+
+def launches(records: np.ndarray, rate: float) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(records, mark times) of each launch in one replay, in the order they started."""
+    recorded = records[records["marks"][:, MARK_WAIT] != 0]  # every block marks its wait
+    times = mark_times(recorded, rate)
+    starts = np.where(np.isnan(times[:, MARK_START]), times[:, MARK_WAIT], times[:, MARK_START])
+    out = []
+    for grid in np.unique(recorded["grid"]):
+        mine = recorded["grid"] == grid
+        out.append((starts[mine].min(), recorded[mine], times[mine]))
+    out.sort(key=lambda launch: launch[0])
+    return [(r, t) for _, r, t in out]
+
+
+def launch_figures(times: np.ndarray) -> dict[str, float]:
+    """COLUMNS of one launch (us; `early` a fraction), from its blocks' mark times."""
+    med = lambda a: float(np.nanmedian(a)) / 1e3 if np.any(~np.isnan(a)) else float("nan")
+    start = np.where(np.isnan(times[:, MARK_START]), times[:, MARK_WAIT], times[:, MARK_START])
+    followed = times[:, MARK_FOLLOWED]
+    release = np.nanmin(followed)
+    early = times[:, MARK_WAIT] <= release
+    out = {"early": float(early.mean()), "late start": med(start[~early] - release),
+           "release->end": (np.nanmax(times[:, MARK_END]) - release) / 1e3 if np.any(~np.isnan(times[:, MARK_END])) else float("nan")}
+    bytes_in = times[:, MARK_STEP::2][:, :CLOCK_STEPS]
+    done = times[:, MARK_STEP + 1::2][:, :CLOCK_STEPS]
+    before = np.concatenate([followed[:, None], done[:, :-1]], axis=1)  # what each step waited after
+    if np.any(~np.isnan(bytes_in)):
+        out["step 0 wait"] = med(bytes_in[:, 0] - followed)
+        out["step wait"] = med((bytes_in - before)[:, 1:])
+        out["step work"] = med(done - bytes_in)
+        out["iteration"] = float("nan")
+    else:
+        out["step 0 wait"] = out["step wait"] = out["step work"] = float("nan")
+        out["iteration"] = med(done - before)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--contexts", default="128")
+    args = ap.parse_args()
+    model, contexts = load_for_steps("probe_clocks", args, min_replays=1)
+    dev = model.ops.device
+    drv, lib = dev.drv, dev.drv._lib
+    records_at, records_size, used_at, used_size = c_void_p(), c_size_t(), c_void_p(), c_size_t()
+    if (lib.cuModuleGetGlobal_v2(byref(records_at), byref(records_size), dev.module, b"reflex_clocks")
+            or lib.cuModuleGetGlobal_v2(byref(used_at), byref(used_size), dev.module, b"reflex_clocks_used")):
+        sys.exit("probe_clocks: this package's kernels are not a timing build (REFLEX_CUDA_CLOCKS=1 build_kernels.py)")
+    capacity = records_size.value // RECORD.itemsize
+    for context in contexts:
+        exec_, graph, nodes = captured_step(model, context)
+        named = [name for _, name in places(nodes)]
+        for _ in range(10):
+            drv.cuGraphLaunch(exec_, dev.stream)
+        replays = []
+        for _ in range(args.replays):
+            drv.cuMemsetD8Async(records_at.value, 0, records_size.value, dev.stream)
+            drv.cuMemsetD32Async(used_at.value, 0, 1, dev.stream)
+            drv.cuGraphLaunch(exec_, dev.stream)
+            used = ctypes.c_uint32()
+            drv.cuMemcpyDtoHAsync_v2(byref(used), used_at.value, 4, dev.stream)
+            drv.cuStreamSynchronize(dev.stream)
+            if used.value > capacity:
+                sys.exit(f"probe_clocks: a step's {used.value} blocks overflow the build's {capacity} records")
+            raw = np.empty(used.value, RECORD)
+            drv.cuMemcpyDtoHAsync_v2(raw.ctypes.data, records_at.value, raw.nbytes, dev.stream)
+            drv.cuStreamSynchronize(dev.stream)
+            replays.append(raw)
+        drv.cuGraphDestroy(graph)
+        report(args, context, named, replays)
+
+
+def report(args, context: int, named: list[str], replays: list[np.ndarray]) -> None:
+    rate = cycles_per_ns(np.concatenate(replays))
+    per_place = defaultdict(lambda: defaultdict(list))  # place -> column -> [a replay's mean over its nodes]
+    for r, raw in enumerate(replays):
+        found = launches(raw, rate)
+        if len(found) != len(named):
+            sys.exit(f"probe_clocks: replay {r} recorded {len(found)} launches, the graph has {len(named)} kernel nodes")
+        rows = defaultdict(lambda: defaultdict(list))
+        for (_, times), place in zip(found, named):
+            for column, v in launch_figures(times).items():
+                rows[place][column].append(v)
+        for place, columns in rows.items():
+            for column, vs in columns.items():
+                per_place[place][column].append(float(np.nanmean(vs)) if np.any(~np.isnan(vs)) else float("nan"))
+        if r == len(replays) // 2:
+            step0 = min(np.nanmin(t[:, [MARK_START, MARK_WAIT]]) for _, t in found)
+            print(f"### one replay's first 40 nodes (us from its first block's start; SM clock {rate:.3f} GHz)\n")
+            print("| node | blocks | SMs | first start | release | " + " | ".join(COLUMNS) + " |")
+            print("|---|---|---|---|---|" + "---|" * len(COLUMNS))
+            for (recs, times), place in list(zip(found, named))[:40]:
+                start = np.nanmin(np.where(np.isnan(times[:, MARK_START]), times[:, MARK_WAIT], times[:, MARK_START]))
+                figures = launch_figures(times)
+                print(f"| {place} | {len(recs)} | {len(np.unique(recs['sm']))} | {(start - step0) / 1e3:.2f} | "
+                      f"{(np.nanmin(times[:, MARK_FOLLOWED]) - step0) / 1e3:.2f} | " + " | ".join(fmt(c, figures[c]) for c in COLUMNS) + " |")
+            print()
+    counts = {p: named.count(p) for p in per_place}
+    print(f"## {args.model}: a decode step at a {context}-token context, {len(named)} kernel nodes (a node's figures "
+          f"over its blocks, the place's mean over its nodes, median of {len(replays)} replays)\n")
+    print("| place | nodes | " + " | ".join(COLUMNS) + " |\n|---|---|" + "---|" * len(COLUMNS))
+    med = lambda vs: statistics.median(vs) if not any(v != v for v in vs) else float("nan")
+    for place in sorted(per_place, key=lambda p: -counts[p] * nan_zero(med(per_place[p]["release->end"]))):
+        print(f"| {place} | {counts[place]} | " + " | ".join(fmt(c, med(per_place[place][c])) for c in COLUMNS) + " |")
+    print()
+
+
+def nan_zero(v: float) -> float:
+    return 0.0 if v != v else v
+
+
+def fmt(column: str, v: float) -> str:
+    if v != v:
+        return ""
+    return f"{100 * v:.0f}%" if column == "early" else f"{v:.2f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
