@@ -1,18 +1,21 @@
 """tools/probe_clocks.py's reading of a timing build's block records (kernels/clocks.cuh), on records made here from
 known times: each block's SM clock starts anywhere (wrapping past 2^32 included), so every mark must be placed from
 its own block's wait."""
+import itertools
+
 import numpy as np
 import pytest
 
 import probe_clocks as pc
 
 RATE = 1.98  # SM cycles a ns
+BLOCKS = itertools.count()  # every block its own index
 
 
-def block(grid: int, marks_ns: dict[int, float], rng, sm: int = 0) -> np.ndarray:
+def block(grid: int, marks_ns: dict[int, float], rng) -> np.ndarray:
     """One block's record: its marks at those global-timer ns, its clock offset random."""
     r = np.zeros(1, pc.RECORD)
-    r["grid"], r["sm"], r["blocks"] = grid, sm, 1
+    r["grid"], r["block"], r["blocks"] = grid, next(BLOCKS), 1
     r["wait_ns"], r["followed_ns"] = marks_ns[pc.MARK_WAIT], marks_ns[pc.MARK_FOLLOWED]
     offset = int(rng.integers(0, 2**32))
     for mark, ns in marks_ns.items():
@@ -69,6 +72,22 @@ def test_launches_come_in_the_order_they_started_and_each_blocks_figures_are_rea
     assert f["step wait"] == pytest.approx(1.0, abs=1e-3)  # 12,000 after 11,000; the late blocks took one step
     assert f["step work"] == pytest.approx(2.0, abs=1e-3)  # 2,000, 1,500 (early) and 2,000, 2,000
     assert np.isnan(f["iteration"])
+
+
+def test_a_blocks_two_records_its_waits_and_its_block_clocks_are_joined():
+    rng = np.random.default_rng(5)
+    marks = {pc.MARK_START: 500.0, pc.MARK_WAIT: 1_000.0, pc.MARK_FOLLOWED: 4_000.0, pc.MARK_END: 9_000.0,
+             **steps((4_500.0, 6_000.0))}
+    whole = block(3, marks, rng)
+    waits, own = whole.copy(), whole.copy()
+    for mark in range(len(whole["marks"][0])):
+        (own if mark in (pc.MARK_WAIT, pc.MARK_FOLLOWED) else waits)["marks"][0, mark] = 0
+    own["wait_ns"] = own["followed_ns"] = 0
+    other = block(3, {pc.MARK_WAIT: 1_200.0, pc.MARK_FOLLOWED: 4_000.0}, rng)
+    out = pc.joined(np.concatenate([other, own, waits]))
+    assert len(out) == 2 and out["block"].tolist() == [whole["block"][0], other["block"][0]]
+    assert (out[0]["marks"] == whole[0]["marks"]).all() and out[0]["wait_ns"] == whole[0]["wait_ns"]
+    assert (out[1]["marks"] == other[0]["marks"]).all()
 
 
 def test_a_kernel_marking_only_its_steps_ends_gets_iterations():

@@ -60,8 +60,22 @@ def mark_times(records: np.ndarray, rate: float) -> np.ndarray:
     return out
 
 
+def joined(records: np.ndarray) -> np.ndarray:
+    """One record a block: a block holding a BlockClock wrote its own marks and its wait's apart, each with the
+    other's zero."""
+    r = records[np.lexsort((records["block"], records["grid"]))]
+    if not len(r):
+        return r
+    first = np.flatnonzero(np.r_[True, (np.diff(r["grid"]) != 0) | (np.diff(r["block"].astype(np.int64)) != 0)])
+    out = r[first].copy()
+    for field in ("wait_ns", "followed_ns", "marks"):
+        out[field] = np.maximum.reduceat(r[field], first, axis=0)
+    return out
+
+
 def launches(records: np.ndarray, rate: float) -> list[tuple[np.ndarray, np.ndarray]]:
     """(records, mark times) of each launch in one replay, in the order they started."""
+    records = joined(records)
     recorded = records[records["marks"][:, MARK_WAIT] != 0]  # every block marks its wait
     times = mark_times(recorded, rate)
     starts = np.where(np.isnan(times[:, MARK_START]), times[:, MARK_WAIT], times[:, MARK_START])

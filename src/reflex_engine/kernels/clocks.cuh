@@ -19,7 +19,9 @@ constexpr int CLOCK_STEPS = 10;
 constexpr int CLOCK_MARKS = MARK_STEP + 2 * CLOCK_STEPS;
 
 #ifdef REFLEX_CLOCKS
-// tools/probe_clocks.py reads this layout (its RECORD dtype): 136 bytes.
+// tools/probe_clocks.py reads this layout (its RECORD dtype): 136 bytes. A block holding a BlockClock writes two
+// records, its wait's and its own marks' (the probe joins them): the wait's keeps its record in a register, a
+// BlockClock's in 8 bytes of shared memory, which a kernel of 48 KB of static shared memory (gemm_f16_128) has not.
 struct BlockClocks {
     uint64_t grid;  // %gridid: which launch
     uint32_t block, sm, blocks, pad;  // the block's linear index, its SM, the launch's blocks
@@ -27,52 +29,76 @@ struct BlockClocks {
     uint32_t marks[CLOCK_MARKS];  // %clock at each mark, | 1 (0: not marked); the probe zeroes them before a run
 };
 static_assert(sizeof(BlockClocks) == 136, "tools/probe_clocks.py's RECORD");
-constexpr unsigned CLOCK_RECORDS = 1u << 17;  // a decode step's blocks, and room to spare
+constexpr unsigned CLOCK_RECORDS = 1u << 18;  // a decode step's blocks, twice for some, and room to spare
 __device__ BlockClocks reflex_clocks[CLOCK_RECORDS];
 __device__ unsigned reflex_clocks_used;  // records taken; the probe zeroes it before a run
 
-// The calling block's record, taken at its first mark; null past CLOCK_RECORDS. Thread 0 only.
-__device__ __forceinline__ BlockClocks* clock_record() {
-    __shared__ BlockClocks* record;
-    __shared__ uint64_t owner;  // the (launch, block) `record` belongs to: shared memory outlives a block
+// A new record of the calling block (thread 0), null past CLOCK_RECORDS.
+__device__ __forceinline__ BlockClocks* new_clock_record() {
+    const unsigned i = atomicAdd(&reflex_clocks_used, 1u);
+    if (i >= CLOCK_RECORDS) return nullptr;
+    BlockClocks* r = &reflex_clocks[i];
     uint64_t grid;
+    uint32_t sm;
     asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
-    const uint32_t block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    const uint64_t me = grid << 32 | block;
-    if (owner != me) {
-        owner = me;
-        const unsigned i = atomicAdd(&reflex_clocks_used, 1u);
-        record = i < CLOCK_RECORDS ? &reflex_clocks[i] : nullptr;
-        if (record) {
-            uint32_t sm;
-            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-            record->grid = grid, record->block = block, record->sm = sm;
-            record->blocks = gridDim.x * gridDim.y * gridDim.z;
-        }
-    }
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    r->grid = grid, r->block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x, r->sm = sm;
+    r->blocks = gridDim.x * gridDim.y * gridDim.z;
+    return r;
+}
+
+__device__ __forceinline__ uint64_t global_ns() {
+    uint64_t ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    return ns;
+}
+
+__device__ __forceinline__ void stamp(BlockClocks* r, int mark) {
+    if (r) r->marks[mark] = (uint32_t)clock() | 1u;
+}
+
+// The wait for the kernel before (common.cuh follow_previous_kernel): its record, begun; thread 0 only.
+__device__ __forceinline__ BlockClocks* clock_wait_begins() {
+    if (threadIdx.x != 0) return nullptr;
+    BlockClocks* r = new_clock_record();
+    if (r) r->wait_ns = global_ns();
+    stamp(r, MARK_WAIT);
+    return r;
+}
+__device__ __forceinline__ void clock_wait_ends(BlockClocks* r) {
+    stamp(r, MARK_FOLLOWED);
+    if (r) r->followed_ns = global_ns();
+}
+
+// The record of the block's BlockClock, which thread 0 alone reads and writes.
+__device__ __forceinline__ BlockClocks*& block_clock_record() {
+    __shared__ BlockClocks* record;
     return record;
 }
 
-__device__ __forceinline__ void clock_mark(int mark) {
-    if (threadIdx.x != 0 || mark >= CLOCK_MARKS) return;
-    BlockClocks* r = clock_record();
-    if (!r) return;
-    r->marks[mark] = (uint32_t)clock() | 1u;
-    if (mark == MARK_WAIT || mark == MARK_FOLLOWED) {
-        uint64_t ns;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-        (mark == MARK_WAIT ? r->wait_ns : r->followed_ns) = ns;
-    }
-}
-#else
-__device__ __forceinline__ void clock_mark(int) {}
-#endif
-
-// Step k's marks: its bytes in (`products` false) or its products done.
-__device__ __forceinline__ void clock_step(int k, bool products) { clock_mark(MARK_STEP + 2 * k + (int)products); }
-
 // A kernel's start and end, held for its body: `const BlockClock clocked;` as its first statement.
 struct BlockClock {
-    __device__ __forceinline__ BlockClock() { clock_mark(MARK_START); }
-    __device__ __forceinline__ ~BlockClock() { clock_mark(MARK_END); }
+    __device__ __forceinline__ BlockClock() {
+        if (threadIdx.x != 0) return;
+        block_clock_record() = new_clock_record();
+        stamp(block_clock_record(), MARK_START);
+    }
+    __device__ __forceinline__ ~BlockClock() {
+        if (threadIdx.x == 0) stamp(block_clock_record(), MARK_END);
+    }
 };
+
+// Step k's marks (in a kernel holding a BlockClock): its bytes in (`products` false) or its products done.
+__device__ __forceinline__ void clock_step(int k, bool products) {
+    if (threadIdx.x == 0 && k < CLOCK_STEPS) stamp(block_clock_record(), MARK_STEP + 2 * k + (int)products);
+}
+#else
+struct BlockClocks;
+__device__ __forceinline__ BlockClocks* clock_wait_begins() { return nullptr; }
+__device__ __forceinline__ void clock_wait_ends(BlockClocks*) {}
+struct BlockClock {
+    __device__ __forceinline__ BlockClock() {}
+    __device__ __forceinline__ ~BlockClock() {}
+};
+__device__ __forceinline__ void clock_step(int, bool) {}
+#endif

@@ -15,12 +15,12 @@
 // written (the previous kernel may still be reading what this one overwrites), but for what no
 // kernel writes: the decode matvecs ask for their first weights first.
 __device__ __forceinline__ void follow_previous_kernel() {
-    clock_mark(MARK_WAIT);
+    BlockClocks* const clocked = clock_wait_begins();
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-    clock_mark(MARK_FOLLOWED);
+    clock_wait_ends(clocked);
 }
 
 // follow_previous_kernel with the next kernel's launch let go first: its blocks may then start (and ask for what
@@ -28,12 +28,12 @@ __device__ __forceinline__ void follow_previous_kernel() {
 // which comes after this kernel's own wait. Taken by the short decode kernels a matvec follows (rope, SwiGLU, the
 // cluster attention): +0.7-0.9% on Qwen3-0.6B and 8B decode; every kernel early lost 2-2.5%, the matvecs ~1%.
 __device__ __forceinline__ void follow_previous_kernel_early() {
-    clock_mark(MARK_WAIT);
+    BlockClocks* const clocked = clock_wait_begins();
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-    clock_mark(MARK_FOLLOWED);
+    clock_wait_ends(clocked);
 }
 
 // The cluster barrier's halves: every thread of the cluster arrives, then waits until all have (or exited).
