@@ -20,8 +20,8 @@ constexpr int CLOCK_MARKS = MARK_STEP + 2 * CLOCK_STEPS;
 
 #ifdef REFLEX_CLOCKS
 // tools/probe_clocks.py reads this layout (its RECORD dtype): 136 bytes. A block holding a BlockClock writes two
-// records, its wait's and its own marks' (the probe joins them): the wait's keeps its record in a register, a
-// BlockClock's in 8 bytes of shared memory, which a kernel of 48 KB of static shared memory (gemm_f16_128) has not.
+// records, its wait's and its own marks' (the probe joins them): the wait's is kept in a register across it, since
+// shared memory for it in every kernel would not fit one of 48 KB of static shared memory (gemm_f16_128).
 struct BlockClocks {
     uint64_t grid;  // %gridid: which launch
     uint32_t block, sm, blocks, pad;  // the block's linear index, its SM, the launch's blocks
@@ -33,9 +33,8 @@ constexpr unsigned CLOCK_RECORDS = 1u << 18;  // a decode step's blocks, twice f
 __device__ BlockClocks reflex_clocks[CLOCK_RECORDS];
 __device__ unsigned reflex_clocks_used;  // records taken; the probe zeroes it before a run
 
-// A new record of the calling block (thread 0), null past CLOCK_RECORDS.
-__device__ __forceinline__ BlockClocks* new_clock_record() {
-    const unsigned i = atomicAdd(&reflex_clocks_used, 1u);
+// A new record of the calling block (thread 0) in slot i, null past CLOCK_RECORDS.
+__device__ __forceinline__ BlockClocks* clock_record(unsigned i) {
     if (i >= CLOCK_RECORDS) return nullptr;
     BlockClocks* r = &reflex_clocks[i];
     uint64_t grid;
@@ -47,55 +46,69 @@ __device__ __forceinline__ BlockClocks* new_clock_record() {
     return r;
 }
 
+__device__ __forceinline__ unsigned clock_slot() { return atomicAdd(&reflex_clocks_used, 1u); }
+__device__ __forceinline__ uint32_t clock_now() { return (uint32_t)clock() | 1u; }
 __device__ __forceinline__ uint64_t global_ns() {
     uint64_t ns;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
     return ns;
 }
 
-__device__ __forceinline__ void stamp(BlockClocks* r, int mark) {
-    if (r) r->marks[mark] = (uint32_t)clock() | 1u;
+// The wait for the kernel before (common.cuh follow_previous_kernel), thread 0's: its slot asked for before it and
+// read after, so that the atomic's answer comes while the block waits anyway.
+struct WaitClock {
+    unsigned slot;
+    uint32_t clock;
+    uint64_t ns;
+};
+__device__ __forceinline__ WaitClock clock_wait_begins() {
+    if (threadIdx.x != 0) return {};
+    const unsigned slot = clock_slot();
+    return {slot, clock_now(), global_ns()};
+}
+__device__ __forceinline__ void clock_wait_ends(const WaitClock& w) {
+    if (threadIdx.x != 0) return;
+    const uint32_t followed = clock_now();
+    const uint64_t followed_ns = global_ns();
+    BlockClocks* r = clock_record(w.slot);
+    if (!r) return;
+    r->marks[MARK_WAIT] = w.clock, r->marks[MARK_FOLLOWED] = followed;
+    r->wait_ns = w.ns, r->followed_ns = followed_ns;
 }
 
-// The wait for the kernel before (common.cuh follow_previous_kernel): its record, begun; thread 0 only.
-__device__ __forceinline__ BlockClocks* clock_wait_begins() {
-    if (threadIdx.x != 0) return nullptr;
-    BlockClocks* r = new_clock_record();
-    if (r) r->wait_ns = global_ns();
-    stamp(r, MARK_WAIT);
-    return r;
-}
-__device__ __forceinline__ void clock_wait_ends(BlockClocks* r) {
-    stamp(r, MARK_FOLLOWED);
-    if (r) r->followed_ns = global_ns();
-}
-
-// The record of the block's BlockClock, which thread 0 alone reads and writes.
-__device__ __forceinline__ BlockClocks*& block_clock_record() {
-    __shared__ BlockClocks* record;
-    return record;
+// A BlockClock's marks until its end (thread 0 alone writes them), when they go to a record: taking one waits for an
+// atomic's answer, which the block's start (a bulk matvec's first copies) should not.
+__device__ __forceinline__ uint32_t* block_clock_marks() {
+    __shared__ uint32_t marks[CLOCK_MARKS];
+    return marks;
 }
 
 // A kernel's start and end, held for its body: `const BlockClock clocked;` as its first statement.
 struct BlockClock {
     __device__ __forceinline__ BlockClock() {
         if (threadIdx.x != 0) return;
-        block_clock_record() = new_clock_record();
-        stamp(block_clock_record(), MARK_START);
+        uint32_t* marks = block_clock_marks();
+        for (int i = 0; i < CLOCK_MARKS; ++i) marks[i] = 0;
+        marks[MARK_START] = clock_now();
     }
     __device__ __forceinline__ ~BlockClock() {
-        if (threadIdx.x == 0) stamp(block_clock_record(), MARK_END);
+        if (threadIdx.x != 0) return;
+        uint32_t* marks = block_clock_marks();
+        marks[MARK_END] = clock_now();
+        BlockClocks* r = clock_record(clock_slot());
+        if (r)
+            for (int i = 0; i < CLOCK_MARKS; ++i) r->marks[i] = marks[i];
     }
 };
 
 // Step k's marks (in a kernel holding a BlockClock): its bytes in (`products` false) or its products done.
 __device__ __forceinline__ void clock_step(int k, bool products) {
-    if (threadIdx.x == 0 && k < CLOCK_STEPS) stamp(block_clock_record(), MARK_STEP + 2 * k + (int)products);
+    if (threadIdx.x == 0 && k < CLOCK_STEPS) block_clock_marks()[MARK_STEP + 2 * k + (int)products] = clock_now();
 }
 #else
-struct BlockClocks;
-__device__ __forceinline__ BlockClocks* clock_wait_begins() { return nullptr; }
-__device__ __forceinline__ void clock_wait_ends(BlockClocks*) {}
+struct WaitClock {};
+__device__ __forceinline__ WaitClock clock_wait_begins() { return {}; }
+__device__ __forceinline__ void clock_wait_ends(const WaitClock&) {}
 struct BlockClock {
     __device__ __forceinline__ BlockClock() {}
     __device__ __forceinline__ ~BlockClock() {}

@@ -15,7 +15,7 @@
 // written (the previous kernel may still be reading what this one overwrites), but for what no
 // kernel writes: the decode matvecs ask for their first weights first.
 __device__ __forceinline__ void follow_previous_kernel() {
-    BlockClocks* const clocked = clock_wait_begins();
+    const WaitClock clocked = clock_wait_begins();
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -28,7 +28,7 @@ __device__ __forceinline__ void follow_previous_kernel() {
 // which comes after this kernel's own wait. Taken by the short decode kernels a matvec follows (rope, SwiGLU, the
 // cluster attention): +0.7-0.9% on Qwen3-0.6B and 8B decode; every kernel early lost 2-2.5%, the matvecs ~1%.
 __device__ __forceinline__ void follow_previous_kernel_early() {
-    BlockClocks* const clocked = clock_wait_begins();
+    const WaitClock clocked = clock_wait_begins();
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
