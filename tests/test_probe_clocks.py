@@ -35,7 +35,8 @@ def test_mark_times_place_every_mark_from_its_own_blocks_wait_across_clock_wraps
     rng = np.random.default_rng(1)
     marks = {pc.MARK_START: 9_000.0, pc.MARK_WAIT: 10_000.0, pc.MARK_FOLLOWED: 13_500.0, pc.MARK_END: 20_250.0}
     records = np.concatenate([block(1, marks, rng) for _ in range(64)])
-    times = pc.mark_times(records, RATE)
+    records["wait_ns"] += 1_764_900_000_000_000_000  # the timer's ns since 1970: past float64's integers
+    times = pc.mark_times(records, RATE, origin=1_764_900_000_000_000_000)
     for mark, ns in marks.items():
         assert np.allclose(times[:, mark], ns, atol=1.0)
     assert np.isnan(times[:, pc.MARK_STEP]).all()  # never marked

@@ -36,7 +36,7 @@
 #               carried tree's probe first (with VARIANT_ARGS), then every variant's (a-b-a-b: cross-process spread is ~1%);
 #               one round (the default) runs the variants alone
 #   CLOCKS=1    tools/probe_clocks.py (CLOCKS_ARGS) on each MAIN_SHAPES Q4_K_M file with the timing package .clocks/clocks
-#               (built here: tools/build_variant.sh clocks --clocks): when each decode node's blocks start against the
+#               (built here: tools/build_variant.sh clocks --clocks, or packed as .clocks/clocks.tar.xz): when each decode node's blocks start against the
 #               node before's end, and what the matvecs' steps wait on
 #   PROBE=1     tools/probe_overlap.py on PROBE_SHAPES' files (the first MAIN_SHAPES; 16-token prompt, n=PROBE_N, 10, PROBE_VARIANTS, PROBE_ARGS):
 #               fresh processes beside the Python floor: the upload's overlap, the driver's queues, the way out
@@ -190,6 +190,7 @@ for probe in ${PROBES:-}; do
 done
 
 if [ "${CLOCKS:-0}" = 1 ]; then  # the timing package's own image and Python, the helper built here
+    [ -f .clocks/clocks.tar.xz ] && tar -xJf .clocks/clocks.tar.xz -C .clocks  # packed to fit the call's 64 MiB
     cp src/reflex_engine/_native*.so .clocks/clocks/src/reflex_engine/ 2>/dev/null
     for shape in ${MAIN_SHAPES:-0.6b 8b}; do
         PYTHONPATH=$ROOT/.clocks/clocks/src${PYTHONPATH#"$ROOT/src"} python3 tools/probe_clocks.py "$(model_file $shape q4_k_m)" \

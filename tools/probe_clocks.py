@@ -51,11 +51,12 @@ def cycles_per_ns(records: np.ndarray) -> float:
     return float(np.median(cycles[long] / ns[long]))
 
 
-def mark_times(records: np.ndarray, rate: float) -> np.ndarray:
-    """(blocks, marks) ns on the global timer's line, NaN where unmarked: each mark placed from its block's wait."""
+def mark_times(records: np.ndarray, rate: float, origin: int = 0) -> np.ndarray:
+    """(blocks, marks) ns on the global timer's line from origin, NaN where unmarked: each mark placed from its block's
+    wait. (The timer counts ns since 1970: past 2^53, so a float64 of it would round to 256 ns.)"""
     marks = records["marks"]
     since_wait = (marks - marks[:, [MARK_WAIT]]).astype(np.uint32).view(np.int32).astype(np.float64) / rate
-    out = records["wait_ns"].astype(np.float64)[:, None] + since_wait
+    out = (records["wait_ns"].astype(np.int64) - origin).astype(np.float64)[:, None] + since_wait
     out[marks == 0] = np.nan
     return out
 
@@ -77,7 +78,7 @@ def launches(records: np.ndarray, rate: float) -> list[tuple[np.ndarray, np.ndar
     """(records, mark times) of each launch in one replay, in the order they started."""
     records = joined(records)
     recorded = records[records["marks"][:, MARK_WAIT] != 0]  # every block marks its wait
-    times = mark_times(recorded, rate)
+    times = mark_times(recorded, rate, int(recorded["wait_ns"].min()) if len(recorded) else 0)
     starts = np.where(np.isnan(times[:, MARK_START]), times[:, MARK_WAIT], times[:, MARK_START])
     out = []
     for grid in np.unique(recorded["grid"]):
