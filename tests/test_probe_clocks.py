@@ -64,8 +64,9 @@ def test_launches_come_in_the_order_they_started_and_each_blocks_figures_are_rea
                       **steps((s + 1_150, s + 3_150))}, rng) for s in (8_900.0, 9_300.0)]
     found = pc.launches(np.concatenate(late + first + early), RATE)
     assert [int(r["grid"][0]) for r, _ in found] == [9, 4]
-    f = pc.launch_figures(found[1][1])
+    f = pc.launch_figures(found[1][1], found[0][1])
     assert f["early"] == 0.5
+    assert f["release gap"] == pytest.approx((8_400 - 8_002) / 1e3, abs=1e-3)  # after the first launch's last end
     assert f["late start"] == pytest.approx((500 + 900) / 2 / 1e3, abs=1e-3)
     assert f["release->end"] == pytest.approx((16_000 - 8_400) / 1e3, abs=1e-3)
     # step 0's bytes after each block's own release: 600, 550 (early), 1,000, 1,000 (late)
@@ -97,4 +98,4 @@ def test_a_kernel_marking_only_its_steps_ends_gets_iterations():
     (_, times), = pc.launches(block(5, marks, rng), RATE)
     f = pc.launch_figures(times)
     assert f["iteration"] == pytest.approx(np.median([700, 1_200]) / 1e3, abs=1e-3)
-    assert np.isnan(f["step work"]) and np.isnan(f["release->end"])
+    assert np.isnan(f["step work"]) and np.isnan(f["release->end"]) and np.isnan(f["release gap"])

@@ -3,13 +3,17 @@ every kernel node, when its blocks started against the end of the kernel before 
 start early, if the SMs have room), how long after that end it took, and, for the matvecs that mark their steps,
 each step's wait for its bytes and its products. probe_timeline gives a node's span; this gives its blocks'.
 
-    REFLEX_CUDA_CLOCKS=1 bash tools/build_variant.sh clocks --python       (here: a package with a timing image)
-    PYTHONPATH=.variants/clocks/src python3 tools/probe_clocks.py MODEL [--replays 20] [--contexts 128]
+    bash tools/build_variant.sh clocks --clocks            (here: .clocks/clocks, a package with a timing image)
+    PYTHONPATH=.clocks/clocks/src python3 tools/probe_clocks.py MODEL [--replays 20] [--contexts 128]
+
+(gpu_check.sh's CLOCKS=1 runs it on the GPU machine, with the helper built there.)
 
 A node's release is the first moment one of its blocks got past its wait (the kernel before it had ended). Per
 place (probe_timeline's rows), means over its nodes of each replay's medians over blocks, then the median replay:
 
   early         blocks already waiting at the release (the rest started after it)
+  release gap   the release after the last block end of the launch before (where that kernel marks its ends):
+                what the launch boundary itself costs
   late start    a late block's start after the release (median over the late ones)
   release->end  the node's last block end (thread 0's) after its release
   step 0 wait   a step-marking block's first bytes in after its release (or, started late, its start)
@@ -38,7 +42,7 @@ CLOCK_STEPS = 10
 RECORD = np.dtype([("grid", "<u8"), ("block", "<u4"), ("sm", "<u4"), ("blocks", "<u4"), ("pad", "<u4"),
                    ("wait_ns", "<u8"), ("followed_ns", "<u8"), ("marks", "<u4", (MARK_STEP + 2 * CLOCK_STEPS,))])
 assert RECORD.itemsize == 136  # clocks.cuh static_asserts the same
-COLUMNS = ("early", "late start", "release->end", "step 0 wait", "step wait", "step work", "iteration")
+COLUMNS = ("early", "release gap", "late start", "release->end", "step 0 wait", "step wait", "step work", "iteration")
 
 
 def cycles_per_ns(records: np.ndarray) -> float:
@@ -88,26 +92,33 @@ def launches(records: np.ndarray, rate: float) -> list[tuple[np.ndarray, np.ndar
     return [(r, t) for _, r, t in out]
 
 
-def launch_figures(times: np.ndarray) -> dict[str, float]:
-    """COLUMNS of one launch (us; `early` a fraction), from its blocks' mark times."""
+def last_end(times: np.ndarray) -> float:
+    """The launch's last block end (thread 0's), NaN if its kernel holds no BlockClock."""
+    ends = times[:, MARK_END]
+    return float(np.nanmax(ends)) if np.any(~np.isnan(ends)) else float("nan")
+
+
+def launch_figures(times: np.ndarray, before: np.ndarray | None = None) -> dict[str, float]:
+    """COLUMNS of one launch (us; `early` a fraction), from its blocks' mark times and the launch before's."""
     med = lambda a: float(np.nanmedian(a)) / 1e3 if np.any(~np.isnan(a)) else float("nan")
     start = np.where(np.isnan(times[:, MARK_START]), times[:, MARK_WAIT], times[:, MARK_START])
     followed = times[:, MARK_FOLLOWED]
     release = np.nanmin(followed)
     early = times[:, MARK_WAIT] <= release
-    out = {"early": float(early.mean()), "late start": med(start[~early] - release),
-           "release->end": (np.nanmax(times[:, MARK_END]) - release) / 1e3 if np.any(~np.isnan(times[:, MARK_END])) else float("nan")}
+    out = {"early": float(early.mean()),
+           "release gap": (release - last_end(before)) / 1e3 if before is not None else float("nan"),
+           "late start": med(start[~early] - release), "release->end": (last_end(times) - release) / 1e3}
     bytes_in = times[:, MARK_STEP::2][:, :CLOCK_STEPS]
     done = times[:, MARK_STEP + 1::2][:, :CLOCK_STEPS]
-    before = np.concatenate([followed[:, None], done[:, :-1]], axis=1)  # what each step waited after
+    after = np.concatenate([followed[:, None], done[:, :-1]], axis=1)  # what each step waited for
     if np.any(~np.isnan(bytes_in)):
         out["step 0 wait"] = med(bytes_in[:, 0] - followed)
-        out["step wait"] = med((bytes_in - before)[:, 1:])
+        out["step wait"] = med((bytes_in - after)[:, 1:])
         out["step work"] = med(done - bytes_in)
         out["iteration"] = float("nan")
     else:
         out["step 0 wait"] = out["step wait"] = out["step work"] = float("nan")
-        out["iteration"] = med(done - before)
+        out["iteration"] = med(done - after)
     return out
 
 
@@ -156,8 +167,8 @@ def report(args, context: int, named: list[str], replays: list[np.ndarray]) -> N
         if len(found) != len(named):
             sys.exit(f"probe_clocks: replay {r} recorded {len(found)} launches, the graph has {len(named)} kernel nodes")
         rows = defaultdict(lambda: defaultdict(list))
-        for (_, times), place in zip(found, named):
-            for column, v in launch_figures(times).items():
+        for i, ((_, times), place) in enumerate(zip(found, named)):
+            for column, v in launch_figures(times, found[i - 1][1] if i else None).items():
                 rows[place][column].append(v)
         for place, columns in rows.items():
             for column, vs in columns.items():
@@ -167,9 +178,9 @@ def report(args, context: int, named: list[str], replays: list[np.ndarray]) -> N
             print(f"### one replay's first 40 nodes (us from its first block's start; SM clock {rate:.3f} GHz)\n")
             print("| node | blocks | SMs | first start | release | " + " | ".join(COLUMNS) + " |")
             print("|---|---|---|---|---|" + "---|" * len(COLUMNS))
-            for (recs, times), place in list(zip(found, named))[:40]:
+            for i, ((recs, times), place) in enumerate(list(zip(found, named))[:40]):
                 start = np.nanmin(np.where(np.isnan(times[:, MARK_START]), times[:, MARK_WAIT], times[:, MARK_START]))
-                figures = launch_figures(times)
+                figures = launch_figures(times, found[i - 1][1] if i else None)
                 print(f"| {place} | {len(recs)} | {len(np.unique(recs['sm']))} | {(start - step0) / 1e3:.2f} | "
                       f"{(np.nanmin(times[:, MARK_FOLLOWED]) - step0) / 1e3:.2f} | " + " | ".join(fmt(c, figures[c]) for c in COLUMNS) + " |")
             print()
