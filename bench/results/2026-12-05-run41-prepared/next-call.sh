@@ -1,11 +1,12 @@
 # Prepared in run 41 (no device that session). Tree: main with its own image (src/reflex_engine/cuda_image).
 # .variants/*.tar.xz, packages (tools/build_variant.sh NAME --python): spread (branch spread at ce63b23: the bulk Q4_K
 # stage copies over every warp, held to 104 registers), o16 (main + o16.patch: o on the 16-warp bulk matvec), head
-# (branch stream-head at 2eec95a: the output head as a wave of blocks walking its rows, the final norm fused).
+# (branch stream-head at be2b60d: a one-token launch past two waves as a wave of blocks walking its rows: the output
+# head, its final norm fused, and 8B Q8_0's gate and up).
 # .clocks/clocks.tar.xz: main's timing build (tools/build_variant.sh clocks --clocks).
 # 1. stream-head's GPU test on its own package; 2. `reflex bench` a-b-a-b on 8B Q4_K_M (2 rounds) and 0.6B (1 round),
 # main against the three; 3. the GPU tests, CUPTI's timeline and the blocks' clocks (tools/probe_clocks.py, first run)
-# on the 8B decode step.
+# on the 8B decode step; 4. with time left, 8B Q8_0 a-b (one round).
 # carry: [".whl", "src/reflex_engine/cuda_image", ".peers", ".variants", ".clocks"]; command: bash .variants/next-call.sh
 set -u
 tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
@@ -22,5 +23,10 @@ done | tee $OUT/head-tokens.txt
 PYTHONPATH=/tmp/site timeout 200 bash tools/ab_bench.sh /tmp/qwen3-8b-q4_k_m.gguf 2 -- --runs 3 2>&1 | tee $OUT/ab-8b.txt
 PYTHONPATH=/tmp/site timeout 80 bash tools/ab_bench.sh /tmp/qwen3-0.6b-q4_k_m.gguf 1 -- --runs 3 2>&1 | tee $OUT/ab-0.6b.txt
 echo "gpu_check at $SECONDS s"
-END=$(( 560 - SECONDS )) CLOCKS=1 PROBES=tools/probe_timeline.py MAIN_SHAPES=8b bash tools/gpu_check.sh > $OUT/gpu-check.txt 2>&1
-tail -5 $OUT/gpu-check.txt; ls $OUT
+END=$(( 480 - SECONDS )) CLOCKS=1 PROBES=tools/probe_timeline.py MAIN_SHAPES=8b bash tools/gpu_check.sh > $OUT/gpu-check.txt 2>&1
+tail -5 $OUT/gpu-check.txt
+if [ $SECONDS -lt 420 ]; then
+    timeout $(( 500 - SECONDS )) env PYTHONPATH=/tmp/site python3 tools/make_bench_model.py /tmp/peer-vocab.gguf /tmp/qwen3-8b-q8_0.gguf --shape 8b --quant q8_0 > /dev/null 2>&1
+    [ -f /tmp/qwen3-8b-q8_0.gguf ] && PYTHONPATH=/tmp/site timeout $(( 575 - SECONDS )) bash tools/ab_bench.sh /tmp/qwen3-8b-q8_0.gguf 1 -- --runs 3 2>&1 | tee $OUT/ab-8b-q8_0.txt
+fi
+echo "done at $SECONDS s"; ls $OUT
