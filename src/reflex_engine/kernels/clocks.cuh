@@ -12,7 +12,7 @@ enum ClockMark {
     MARK_START,  // the block began (a kernel holding a BlockClock)
     MARK_WAIT,  // it began waiting for the kernel before
     MARK_FOLLOWED,  // that kernel had ended
-    MARK_END,  // thread 0 was done (a kernel holding a BlockClock)
+    MARK_END,  // its last warp was done (a kernel holding a BlockClock)
     MARK_STEP,  // step k: MARK_STEP + 2k its bytes in, MARK_STEP + 2k + 1 its products done
 };
 constexpr int CLOCK_STEPS = 10;
@@ -76,25 +76,34 @@ __device__ __forceinline__ void clock_wait_ends(const WaitClock& w) {
     r->wait_ns = w.ns, r->followed_ns = followed_ns;
 }
 
-// A BlockClock's marks until its end (thread 0 alone writes them), when they go to a record: taking one waits for an
-// atomic's answer, which the block's start (a bulk matvec's first copies) should not.
+// A BlockClock's marks until its end, when they go to a record: taking one waits for an atomic's answer, which the
+// block's start (a bulk matvec's first copies) should not. Thread 0 writes them, but for MARK_END.
 __device__ __forceinline__ uint32_t* block_clock_marks() {
     __shared__ uint32_t marks[CLOCK_MARKS];
     return marks;
 }
+__device__ __forceinline__ unsigned& block_clock_exits() {  // the block's warps past their BlockClock
+    __shared__ unsigned exits;
+    return exits;
+}
 
-// A kernel's start and end, held for its body: `const BlockClock clocked;` as its first statement.
+// A kernel's start and end, held for its body: `const BlockClock clocked;` as its first statement. Its end is the
+// block's last warp's (a bulk matvec's storing warp ends after thread 0), which then writes the record.
 struct BlockClock {
     __device__ __forceinline__ BlockClock() {
         if (threadIdx.x != 0) return;
         uint32_t* marks = block_clock_marks();
         for (int i = 0; i < CLOCK_MARKS; ++i) marks[i] = 0;
+        block_clock_exits() = 0;
         marks[MARK_START] = clock_now();
     }
     __device__ __forceinline__ ~BlockClock() {
-        if (threadIdx.x != 0) return;
+        if (threadIdx.x % WARP != 0) return;
         uint32_t* marks = block_clock_marks();
-        marks[MARK_END] = clock_now();
+        atomicMax(&marks[MARK_END], clock_now());
+        __threadfence_block();
+        if (atomicAdd(&block_clock_exits(), 1u) != blockDim.x / WARP - 1) return;
+        __threadfence_block();
         BlockClocks* r = clock_record(clock_slot());
         if (r)
             for (int i = 0; i < CLOCK_MARKS; ++i) r->marks[i] = marks[i];

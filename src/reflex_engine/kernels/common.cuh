@@ -4,9 +4,9 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "clocks.cuh"
-
 #define WARP 32
+
+#include "clocks.cuh"
 
 // Every kernel's first statement. On sm_90+ kernels are launched with programmatic stream
 // serialization (backends/cuda/device.py): a kernel's blocks may start while the kernel before
