@@ -15,7 +15,7 @@ place (probe_timeline's rows), means over its nodes of each replay's medians ove
   release gap   the release after the last block end of the launch before (where that kernel marks its ends):
                 what the launch boundary itself costs
   late start    a late block's start after the release (median over the late ones)
-  release->end  the node's last block end (thread 0's) after its release
+  release->end  the node's last block end (a block's last warp's) after its release
   step 0 wait   a step-marking block's first bytes in after its release (or, started late, its start)
   step wait     later steps' bytes in after the step before was done
   step work     a step's products, from its bytes in to its block's barrier after it
@@ -93,7 +93,7 @@ def launches(records: np.ndarray, rate: float) -> list[tuple[np.ndarray, np.ndar
 
 
 def last_end(times: np.ndarray) -> float:
-    """The launch's last block end (thread 0's), NaN if its kernel holds no BlockClock."""
+    """The launch's last block end (a block's last warp's), NaN if its kernel holds no BlockClock."""
     ends = times[:, MARK_END]
     return float(np.nanmax(ends)) if np.any(~np.isnan(ends)) else float("nan")
 
