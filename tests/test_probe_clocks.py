@@ -99,3 +99,15 @@ def test_a_kernel_marking_only_its_steps_ends_gets_iterations():
     f = pc.launch_figures(times)
     assert f["iteration"] == pytest.approx(np.median([700, 1_200]) / 1e3, abs=1e-3)
     assert np.isnan(f["step work"]) and np.isnan(f["release->end"]) and np.isnan(f["release gap"])
+
+
+def test_a_saved_replay_keeps_each_launchs_blocks_and_their_marks(tmp_path):
+    rng = np.random.default_rng(6)
+    marks = {pc.MARK_WAIT: 1_000.0, pc.MARK_FOLLOWED: 3_000.0, pc.MARK_END: 7_500.0}
+    found = pc.launches(np.concatenate([block(8, marks, rng), block(8, marks, rng), block(2, {pc.MARK_WAIT: 9_000.0,
+                                        pc.MARK_FOLLOWED: 9_400.0}, rng)]), RATE)
+    pc.save(str(tmp_path / "s.npz"), found, ["a", "b", "c"], step0=0.0)  # launches() counts from the first wait
+    saved = np.load(tmp_path / "s.npz")
+    assert saved["node"].tolist() == [0, 0, 1] and saved["names"].tolist() == ["a", "b"]
+    assert np.allclose(saved["marks"][:2, pc.MARK_END], 6.5, atol=1e-3)  # us from step0
+    assert np.isnan(saved["marks"][2, pc.MARK_END])

@@ -37,7 +37,8 @@
 #               one round (the default) runs the variants alone
 #   CLOCKS=1    tools/probe_clocks.py (CLOCKS_ARGS) on each MAIN_SHAPES Q4_K_M file with the timing package .clocks/clocks
 #               (built here: tools/build_variant.sh clocks --clocks, or packed as .clocks/clocks.tar.xz): when each decode node's blocks start against the
-#               node before's end, and what the matvecs' steps wait on
+#               node before's end, and what the matvecs' steps wait on; one replay's first 60 launches' marks in
+#               $OUT/clocks-SHAPE-CONTEXT.npz
 #   PROBE=1     tools/probe_overlap.py on PROBE_SHAPES' files (the first MAIN_SHAPES; 16-token prompt, n=PROBE_N, 10, PROBE_VARIANTS, PROBE_ARGS):
 #               fresh processes beside the Python floor: the upload's overlap, the driver's queues, the way out
 #   SIDECAR=1   with COLD: the sidecar's cold start (sidecar/tools/cold_start.py, its wheels in .whl/)
@@ -194,7 +195,7 @@ if [ "${CLOCKS:-0}" = 1 ]; then  # the timing package's own image and Python, th
     cp src/reflex_engine/_native*.so .clocks/clocks/src/reflex_engine/ 2>/dev/null
     for shape in ${MAIN_SHAPES:-0.6b 8b}; do
         PYTHONPATH=$ROOT/.clocks/clocks/src${PYTHONPATH#"$ROOT/src"} python3 tools/probe_clocks.py "$(model_file $shape q4_k_m)" \
-            ${CLOCKS_ARGS:-} 2>&1 | tee -a "$LOG"
+            --save "$OUT/clocks-$shape" ${CLOCKS_ARGS:-} 2>&1 | tee -a "$LOG"
     done
 fi
 

@@ -127,6 +127,9 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--contexts", default="128")
+    ap.add_argument("--save", metavar="PREFIX", help="also write one replay's first --save-nodes launches' block marks "
+                    "to PREFIX-CONTEXT.npz (us from the step's first start; NaN unmarked), for reading them here")
+    ap.add_argument("--save-nodes", type=int, default=60)
     args = ap.parse_args()
     model, contexts = load_for_steps("probe_clocks", args, min_replays=1)
     dev = model.ops.device
@@ -184,6 +187,8 @@ def report(args, context: int, named: list[str], replays: list[np.ndarray]) -> N
                 print(f"| {place} | {len(recs)} | {len(np.unique(recs['sm']))} | {(start - step0) / 1e3:.2f} | "
                       f"{(np.nanmin(times[:, MARK_FOLLOWED]) - step0) / 1e3:.2f} | " + " | ".join(fmt(c, figures[c]) for c in COLUMNS) + " |")
             print()
+            if args.save:
+                save(f"{args.save}-{context}.npz", found[:args.save_nodes], named, step0)
     counts = {p: named.count(p) for p in per_place}
     print(f"## {args.model}: a decode step at a {context}-token context, {len(named)} kernel nodes (a node's figures "
           f"over its blocks, the place's mean over its nodes, median of {len(replays)} replays)\n")
@@ -192,6 +197,15 @@ def report(args, context: int, named: list[str], replays: list[np.ndarray]) -> N
     for place in sorted(per_place, key=lambda p: -counts[p] * nan_zero(med(per_place[p]["release->end"]))):
         print(f"| {place} | {counts[place]} | " + " | ".join(fmt(c, med(per_place[place][c])) for c in COLUMNS) + " |")
     print()
+
+
+def save(path: str, found: list[tuple[np.ndarray, np.ndarray]], named: list[str], step0: float) -> None:
+    """The launches' blocks: node (its place in the step), block, SM and every mark, us from step0 (float32)."""
+    node = np.concatenate([np.full(len(r), i, np.int32) for i, (r, _) in enumerate(found)])
+    np.savez_compressed(path, node=node, names=np.array(named[:len(found)]),
+                        block=np.concatenate([r["block"] for r, _ in found]), sm=np.concatenate([r["sm"] for r, _ in found]),
+                        marks=np.concatenate([(t - step0) / 1e3 for _, t in found]).astype(np.float32))
+    print(f"{path}: {len(node)} blocks of {len(found)} launches")
 
 
 def nan_zero(v: float) -> float:

@@ -7,6 +7,7 @@
 # 1. stream-head's GPU test on its own package; 2. `reflex bench` a-b-a-b on 8B Q4_K_M (2 rounds) and 0.6B (1 round),
 # main against the three; 3. the GPU tests, CUPTI's timeline and the blocks' clocks (tools/probe_clocks.py, first run)
 # on the 8B decode step; 4. with time left, 8B Q8_0 a-b (one round).
+# Back from $OUT (8 files at most): head.txt, ab.txt, gpu-check.txt, log.txt, gpu-tests.log, clocks-8b-128.npz.
 # carry: [".whl", "src/reflex_engine/cuda_image", ".peers", ".variants", ".clocks"]; command: bash .variants/next-call.sh
 set -u
 tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
@@ -14,19 +15,22 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 cp -r src/reflex_engine/cuda_image /tmp/img; REFLEX_CUDA=0 python3 setup.py -q build_ext --inplace >/dev/null 2>&1; rm -rf src/reflex_engine/cuda_image; cp -r /tmp/img src/reflex_engine/cuda_image
 mkdir -p /tmp/head && tar -xJf .variants/head.tar.xz -C /tmp/head && cp src/reflex_engine/_native*.so /tmp/head/head/src/reflex_engine/
 cp .variants/head_test_cuda_ops.py tests/test_head_variant.py
-PYTHONPATH=/tmp/head/head/src:/tmp/site timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_head_variant.py -k "many_waves or bulk_matvec or norm_between" 2>&1 | tail -5 | tee $OUT/head-tests.txt
+PYTHONPATH=/tmp/head/head/src:/tmp/site timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_head_variant.py -k "many_waves or bulk_matvec or norm_between" 2>&1 | tail -5 | tee $OUT/head.txt
 rm tests/test_head_variant.py
 for s in 8b 0.6b; do PYTHONPATH=/tmp/site python3 tools/make_bench_model.py /tmp/peer-vocab.gguf /tmp/qwen3-$s-q4_k_m.gguf --shape $s --quant q4_k_m > /dev/null 2>&1; done; echo "models at $SECONDS s"
 for p in "$PWD/src" /tmp/head/head/src; do  # greedy tokens, main then head (the fused final norm may move near-ties)
     PYTHONPATH=$p:/tmp/site timeout 60 python3 -m reflex_engine generate /tmp/qwen3-8b-q4_k_m.gguf "The capital of France is" -n 24 --temp 0 2>&1 | tail -2
-done | tee $OUT/head-tokens.txt
-PYTHONPATH=/tmp/site timeout 200 bash tools/ab_bench.sh /tmp/qwen3-8b-q4_k_m.gguf 2 -- --runs 3 2>&1 | tee $OUT/ab-8b.txt
-PYTHONPATH=/tmp/site timeout 80 bash tools/ab_bench.sh /tmp/qwen3-0.6b-q4_k_m.gguf 1 -- --runs 3 2>&1 | tee $OUT/ab-0.6b.txt
+done | tee -a $OUT/head.txt
+echo "## 8B Q4_K_M" | tee $OUT/ab.txt
+PYTHONPATH=/tmp/site timeout 200 bash tools/ab_bench.sh /tmp/qwen3-8b-q4_k_m.gguf 2 -- --runs 3 2>&1 | tee -a $OUT/ab.txt
+echo "## 0.6B Q4_K_M" | tee -a $OUT/ab.txt
+PYTHONPATH=/tmp/site timeout 80 bash tools/ab_bench.sh /tmp/qwen3-0.6b-q4_k_m.gguf 1 -- --runs 3 2>&1 | tee -a $OUT/ab.txt
 echo "gpu_check at $SECONDS s"
 END=$(( 480 - SECONDS )) CLOCKS=1 PROBES=tools/probe_timeline.py MAIN_SHAPES=8b bash tools/gpu_check.sh > $OUT/gpu-check.txt 2>&1
 tail -5 $OUT/gpu-check.txt
 if [ $SECONDS -lt 420 ]; then
     timeout $(( 500 - SECONDS )) env PYTHONPATH=/tmp/site python3 tools/make_bench_model.py /tmp/peer-vocab.gguf /tmp/qwen3-8b-q8_0.gguf --shape 8b --quant q8_0 > /dev/null 2>&1
-    [ -f /tmp/qwen3-8b-q8_0.gguf ] && PYTHONPATH=/tmp/site timeout $(( 575 - SECONDS )) bash tools/ab_bench.sh /tmp/qwen3-8b-q8_0.gguf 1 -- --runs 3 2>&1 | tee $OUT/ab-8b-q8_0.txt
+    echo "## 8B Q8_0" | tee -a $OUT/ab.txt
+    [ -f /tmp/qwen3-8b-q8_0.gguf ] && PYTHONPATH=/tmp/site timeout $(( 575 - SECONDS )) bash tools/ab_bench.sh /tmp/qwen3-8b-q8_0.gguf 1 -- --runs 3 2>&1 | tee -a $OUT/ab.txt
 fi
 echo "done at $SECONDS s"; ls $OUT
