@@ -2,25 +2,30 @@
 # .variants/*.tar.xz, packages (tools/build_variant.sh NAME --python): spread (branch spread at ce63b23: the bulk Q4_K
 # stage copies over every warp, held to 104 registers), o16 (main + o16.patch: o on the 16-warp bulk matvec), head
 # (branch stream-head at be2b60d: a one-token launch past two waves as a wave of blocks walking its rows: the output
-# head, its final norm fused, and 8B Q8_0's gate and up).
+# head, its final norm fused, and 8B Q8_0's gate and up), pair (branch swiglu-pair at bb81dfa: SwiGLU made by gate and
+# up's launch, its blocks in clusters of two, up's sums handed over in distributed shared memory).
 # .clocks/clocks.tar.xz: main's timing build (tools/build_variant.sh clocks --clocks).
-# 1. stream-head's GPU test on its own package; 2. `reflex bench` a-b-a-b on 8B Q4_K_M (2 rounds) and 0.6B (1 round),
-# main against the three; 3. the GPU tests, CUPTI's timeline and the blocks' clocks (tools/probe_clocks.py, first run)
+# 1. stream-head's and swiglu-pair's GPU tests, each on its own package; 2. `reflex bench` a-b-a-b on 8B Q4_K_M (2 rounds) and 0.6B (1 round),
+# main against the four; 3. the GPU tests, CUPTI's timeline and the blocks' clocks (tools/probe_clocks.py, first run)
 # on the 8B decode step; 4. with time left, 8B Q8_0 a-b (one round).
-# Back from $OUT (8 files at most): head.txt, ab.txt, gpu-check.txt, log.txt, gpu-tests.log, clocks-8b-128.npz.
+# Back from $OUT (8 files at most): variants.txt, ab.txt, gpu-check.txt, log.txt, gpu-tests.log, clocks-8b-128.npz.
 # carry: [".whl", "src/reflex_engine/cuda_image", ".peers", ".variants", ".clocks"]; command: bash .variants/next-call.sh
 set -u
 tar -xJf .peers/llama.cpp-*.tar.xz llama.cpp/models/ggml-vocab-qwen2.gguf -O > /tmp/peer-vocab.gguf
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 cp -r src/reflex_engine/cuda_image /tmp/img; REFLEX_CUDA=0 python3 setup.py -q build_ext --inplace >/dev/null 2>&1; rm -rf src/reflex_engine/cuda_image; cp -r /tmp/img src/reflex_engine/cuda_image
-mkdir -p /tmp/head && tar -xJf .variants/head.tar.xz -C /tmp/head && cp src/reflex_engine/_native*.so /tmp/head/head/src/reflex_engine/
-cp .variants/head_test_cuda_ops.py tests/test_head_variant.py
-PYTHONPATH=/tmp/head/head/src:/tmp/site timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_head_variant.py -k "many_waves or bulk_matvec or norm_between" 2>&1 | tail -5 | tee $OUT/head.txt
-rm tests/test_head_variant.py
+for v in "head:many_waves or bulk_matvec or norm_between" "pair:swiglu or bulk_matvec or norm_between"; do  # each branch's GPU tests, its own package
+    name=${v%%:*}
+    mkdir -p /tmp/$name && tar -xJf .variants/$name.tar.xz -C /tmp/$name && cp src/reflex_engine/_native*.so /tmp/$name/$name/src/reflex_engine/
+    cp .variants/${name}_test_cuda_ops.py tests/test_${name}_variant.py
+    echo "## $name's tests" | tee -a $OUT/variants.txt
+    PYTHONPATH=/tmp/$name/$name/src:/tmp/site timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_${name}_variant.py -k "${v#*:}" 2>&1 | tail -5 | tee -a $OUT/variants.txt
+    rm tests/test_${name}_variant.py
+done
 for s in 8b 0.6b; do PYTHONPATH=/tmp/site python3 tools/make_bench_model.py /tmp/peer-vocab.gguf /tmp/qwen3-$s-q4_k_m.gguf --shape $s --quant q4_k_m > /dev/null 2>&1; done; echo "models at $SECONDS s"
-for p in "$PWD/src" /tmp/head/head/src; do  # greedy tokens, main then head (the fused final norm may move near-ties)
+for p in "$PWD/src" /tmp/head/head/src /tmp/pair/pair/src; do  # greedy tokens: main, head (its fused final norm may move near-ties), pair (main's bits: the same)
     PYTHONPATH=$p:/tmp/site timeout 60 python3 -m reflex_engine generate /tmp/qwen3-8b-q4_k_m.gguf "The capital of France is" -n 24 --temp 0 2>&1 | tail -2
-done | tee -a $OUT/head.txt
+done | tee -a $OUT/variants.txt
 echo "## 8B Q4_K_M" | tee $OUT/ab.txt
 PYTHONPATH=/tmp/site timeout 200 bash tools/ab_bench.sh /tmp/qwen3-8b-q4_k_m.gguf 2 -- --runs 3 2>&1 | tee -a $OUT/ab.txt
 echo "## 0.6B Q4_K_M" | tee -a $OUT/ab.txt
