@@ -2,7 +2,7 @@
 # .variants/*.tar.xz, packages (tools/build_variant.sh NAME --python): spread (branch spread at ce63b23: the bulk Q4_K
 # stage copies over every warp, held to 104 registers), o16 (main + o16.patch: o on the 16-warp bulk matvec), head
 # (branch stream-head at be2b60d: a one-token launch past two waves as a wave of blocks walking its rows: the output
-# head, its final norm fused, and 8B Q8_0's gate and up), pair (branch swiglu-pair at bb81dfa: SwiGLU made by gate and
+# head, its final norm fused, and 8B Q8_0's gate and up), pair (branch swiglu-pair at b972af3: SwiGLU made by gate and
 # up's launch, its blocks in clusters of two, up's sums handed over in distributed shared memory).
 # .clocks/clocks.tar.xz: main's timing build (tools/build_variant.sh clocks --clocks).
 # 1. stream-head's and swiglu-pair's GPU tests, each on its own package; 2. `reflex bench` a-b-a-b on 8B Q4_K_M (2 rounds) and 0.6B (1 round),
