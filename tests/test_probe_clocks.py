@@ -15,7 +15,7 @@ BLOCKS = itertools.count()  # every block its own index
 def block(grid: int, marks_ns: dict[int, float], rng) -> np.ndarray:
     """One block's record: its marks at those global-timer ns, its clock offset random."""
     r = np.zeros(1, pc.RECORD)
-    r["grid"], r["block"], r["blocks"] = grid, next(BLOCKS), 1
+    r["grid"], r["block"] = grid, next(BLOCKS)
     r["wait_ns"], r["followed_ns"] = marks_ns[pc.MARK_WAIT], marks_ns[pc.MARK_FOLLOWED]
     offset = int(rng.integers(0, 2**32))
     for mark, ns in marks_ns.items():

@@ -39,9 +39,9 @@ from probe_graph_nodes import captured_step, load_for_steps, places
 MARK_START, MARK_WAIT, MARK_FOLLOWED, MARK_END, MARK_STEP = range(5)
 CLOCK_STEPS = 10
 # kernels/clocks.cuh BlockClocks
-RECORD = np.dtype([("grid", "<u8"), ("block", "<u4"), ("sm", "<u4"), ("blocks", "<u4"), ("pad", "<u4"),
-                   ("wait_ns", "<u8"), ("followed_ns", "<u8"), ("marks", "<u4", (MARK_STEP + 2 * CLOCK_STEPS,))])
-assert RECORD.itemsize == 136  # clocks.cuh static_asserts the same
+RECORD = np.dtype([("grid", "<u8"), ("block", "<u4"), ("sm", "<u4"), ("wait_ns", "<u8"), ("followed_ns", "<u8"),
+                   ("marks", "<u4", (MARK_STEP + 2 * CLOCK_STEPS,))])
+assert RECORD.itemsize == 128  # clocks.cuh static_asserts the same
 COLUMNS = ("early", "release gap", "late start", "release->end", "step 0 wait", "step wait", "step work", "iteration")
 
 
@@ -65,6 +65,11 @@ def mark_times(records: np.ndarray, rate: float, origin: int = 0) -> np.ndarray:
     return out
 
 
+def block_starts(times: np.ndarray) -> np.ndarray:
+    """Each block's start: its kernel's start mark, or (a kernel holding no BlockClock) its wait's."""
+    return np.where(np.isnan(times[:, MARK_START]), times[:, MARK_WAIT], times[:, MARK_START])
+
+
 def joined(records: np.ndarray) -> np.ndarray:
     """One record a block: a block holding a BlockClock wrote its own marks and its wait's apart, each with the
     other's zero."""
@@ -83,7 +88,7 @@ def launches(records: np.ndarray, rate: float) -> list[tuple[np.ndarray, np.ndar
     records = joined(records)
     recorded = records[records["marks"][:, MARK_WAIT] != 0]  # every block marks its wait
     times = mark_times(recorded, rate, int(recorded["wait_ns"].min()) if len(recorded) else 0)
-    starts = np.where(np.isnan(times[:, MARK_START]), times[:, MARK_WAIT], times[:, MARK_START])
+    starts = block_starts(times)
     out = []
     for grid in np.unique(recorded["grid"]):
         mine = recorded["grid"] == grid
@@ -101,7 +106,7 @@ def last_end(times: np.ndarray) -> float:
 def launch_figures(times: np.ndarray, before: np.ndarray | None = None) -> dict[str, float]:
     """COLUMNS of one launch (us; `early` a fraction), from its blocks' mark times and the launch before's."""
     med = lambda a: float(np.nanmedian(a)) / 1e3 if np.any(~np.isnan(a)) else float("nan")
-    start = np.where(np.isnan(times[:, MARK_START]), times[:, MARK_WAIT], times[:, MARK_START])
+    start = block_starts(times)
     followed = times[:, MARK_FOLLOWED]
     release = np.nanmin(followed)
     early = times[:, MARK_WAIT] <= release
@@ -177,12 +182,12 @@ def report(args, context: int, named: list[str], replays: list[np.ndarray]) -> N
             for column, vs in columns.items():
                 per_place[place][column].append(float(np.nanmean(vs)) if np.any(~np.isnan(vs)) else float("nan"))
         if r == len(replays) // 2:
-            step0 = min(np.nanmin(t[:, [MARK_START, MARK_WAIT]]) for _, t in found)
+            step0 = min(np.nanmin(block_starts(t)) for _, t in found)
             print(f"### one replay's first 40 nodes (us from its first block's start; SM clock {rate:.3f} GHz)\n")
             print("| node | blocks | SMs | first start | release | " + " | ".join(COLUMNS) + " |")
             print("|---|---|---|---|---|" + "---|" * len(COLUMNS))
             for i, ((recs, times), place) in enumerate(list(zip(found, named))[:40]):
-                start = np.nanmin(np.where(np.isnan(times[:, MARK_START]), times[:, MARK_WAIT], times[:, MARK_START]))
+                start = np.nanmin(block_starts(times))
                 figures = launch_figures(times, found[i - 1][1] if i else None)
                 print(f"| {place} | {len(recs)} | {len(np.unique(recs['sm']))} | {(start - step0) / 1e3:.2f} | "
                       f"{(np.nanmin(times[:, MARK_FOLLOWED]) - step0) / 1e3:.2f} | " + " | ".join(fmt(c, figures[c]) for c in COLUMNS) + " |")

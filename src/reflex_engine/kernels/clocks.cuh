@@ -19,16 +19,16 @@ constexpr int CLOCK_STEPS = 10;
 constexpr int CLOCK_MARKS = MARK_STEP + 2 * CLOCK_STEPS;
 
 #ifdef REFLEX_CLOCKS
-// tools/probe_clocks.py reads this layout (its RECORD dtype): 136 bytes. A block holding a BlockClock writes two
+// tools/probe_clocks.py reads this layout (its RECORD dtype): 128 bytes. A block holding a BlockClock writes two
 // records, its wait's and its own marks' (the probe joins them): the wait's is kept in a register across it, since
 // shared memory for it in every kernel would not fit one of 48 KB of static shared memory (gemm_f16_128).
 struct BlockClocks {
     uint64_t grid;  // %gridid: which launch
-    uint32_t block, sm, blocks, pad;  // the block's linear index, its SM, the launch's blocks
+    uint32_t block, sm;  // the block's linear index, its SM
     uint64_t wait_ns, followed_ns;  // %globaltimer at MARK_WAIT and MARK_FOLLOWED
     uint32_t marks[CLOCK_MARKS];  // %clock at each mark, | 1 (0: not marked); the probe zeroes them before a run
 };
-static_assert(sizeof(BlockClocks) == 136, "tools/probe_clocks.py's RECORD");
+static_assert(sizeof(BlockClocks) == 128, "tools/probe_clocks.py's RECORD");
 constexpr unsigned CLOCK_RECORDS = 1u << 18;  // a decode step's blocks, twice for some, and room to spare
 __device__ BlockClocks reflex_clocks[CLOCK_RECORDS];
 __device__ unsigned reflex_clocks_used;  // records taken; the probe zeroes it before a run
@@ -42,7 +42,6 @@ __device__ __forceinline__ BlockClocks* clock_record(unsigned i) {
     asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     r->grid = grid, r->block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x, r->sm = sm;
-    r->blocks = gridDim.x * gridDim.y * gridDim.z;
     return r;
 }
 
