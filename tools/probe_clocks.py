@@ -27,6 +27,7 @@ the production image has no room for). Throwaway measurement, never the engine's
 """
 import argparse
 import ctypes
+import os
 import statistics
 import sys
 from collections import defaultdict
@@ -136,6 +137,8 @@ def main() -> None:
                     "to PREFIX-CONTEXT.npz (us from the step's first start; NaN unmarked), for reading them here")
     ap.add_argument("--save-nodes", type=int, default=60)
     args = ap.parse_args()
+    if args.save_nodes < 1 or (args.save and not os.access(os.path.dirname(os.path.abspath(args.save)), os.W_OK)):
+        sys.exit("probe_clocks: --save-nodes takes 1 or more, --save a prefix in a folder this process may write")
     model, contexts = load_for_steps("probe_clocks", args, min_replays=1)
     dev = model.ops.device
     drv, lib = dev.drv, dev.drv._lib
@@ -207,9 +210,13 @@ def report(args, context: int, named: list[str], replays: list[np.ndarray]) -> N
 def save(path: str, found: list[tuple[np.ndarray, np.ndarray]], named: list[str], step0: float) -> None:
     """The launches' blocks: node (its place in the step), block, SM and every mark, us from step0 (float32)."""
     node = np.concatenate([np.full(len(r), i, np.int32) for i, (r, _) in enumerate(found)])
-    np.savez_compressed(path, node=node, names=np.array(named[:len(found)]),
-                        block=np.concatenate([r["block"] for r, _ in found]), sm=np.concatenate([r["sm"] for r, _ in found]),
-                        marks=np.concatenate([(t - step0) / 1e3 for _, t in found]).astype(np.float32))
+    try:
+        np.savez_compressed(path, node=node, names=np.array(named[:len(found)]),
+                            block=np.concatenate([r["block"] for r, _ in found]),
+                            sm=np.concatenate([r["sm"] for r, _ in found]),
+                            marks=np.concatenate([(t - step0) / 1e3 for _, t in found]).astype(np.float32))
+    except OSError as e:
+        sys.exit(f"probe_clocks: cannot write {path}: {e.strerror}")
     print(f"{path}: {len(node)} blocks of {len(found)} launches")
 
 
