@@ -5,12 +5,13 @@
 # head, its final norm fused, and 8B Q8_0's gate and up), pair (branch swiglu-pair at b972af3: SwiGLU made by gate and
 # up's launch, its blocks in clusters of two, up's sums handed over in distributed shared memory), trips (branch trips
 # at b6ffe96: the one-token matvecs' trips to L2 after the wait asked into L1: x's slices, the norm's sums, the
-# stores' reads), combo (branch combo at 3b393b5: trips + stream-head + swiglu-pair).
+# stores' reads), combo (branch combo at 3b393b5: trips + stream-head + swiglu-pair), tspread (branch trips-spread at
+# 94de777: trips + spread's kernel).
 # .clocks/clocks.tar.xz: main's timing build (tools/build_variant.sh clocks --clocks).
 # 1. combo's GPU tests on its package (head's and pair's own only if combo's fail); 2. CUPTI's timeline and the blocks'
 # clocks (tools/probe_clocks.py, first run) on the 8B decode step (main's own GPU tests left out: its kernels are run
 # 40's to the byte); 3. greedy tokens; 4. `reflex bench` a-b-a-b on 8B Q4_K_M (2 rounds) and 0.6B (1 round), main
-# against the six; 5. with time left, 8B Q8_0 a-b.
+# against the seven; 5. with time left, 8B Q8_0 a-b.
 # Back from $OUT (8 files at most): variants.txt, ab.txt, gpu-check.txt, log.txt, gpu-tests.log, clocks-8b-128.npz.
 # carry: [".whl", "src/reflex_engine/cuda_image", ".peers", ".variants", ".clocks"]; command: bash .variants/next-call.sh
 set -u
@@ -30,12 +31,12 @@ tests() {  # NAME "-k expression": a branch's GPU tests on its own package
 if ! tests combo "matvec or norm or wave or swiglu or rope"; then
     tests head "many_waves or bulk_matvec or norm_between"; tests pair "swiglu or bulk_matvec or norm_between"
 fi
-for name in trips; do mkdir -p /tmp/$name && tar -xJf .variants/$name.tar.xz -C /tmp/$name && cp src/reflex_engine/_native*.so /tmp/$name/$name/src/reflex_engine/; done
+for name in trips tspread; do mkdir -p /tmp/$name && tar -xJf .variants/$name.tar.xz -C /tmp/$name && cp src/reflex_engine/_native*.so /tmp/$name/$name/src/reflex_engine/; done
 for s in 8b 0.6b; do PYTHONPATH=/tmp/site python3 tools/make_bench_model.py /tmp/peer-vocab.gguf /tmp/qwen3-$s-q4_k_m.gguf --shape $s --quant q4_k_m > /dev/null 2>&1; done; echo "models at $SECONDS s"
 echo "gpu_check at $SECONDS s"  # main's GPU tests left out: its kernels are run 40's to the byte (the timing marks empty)
 END=200 GPU_TESTS="-k nothing_here" CLOCKS=1 PROBES=tools/probe_timeline.py MAIN_SHAPES=8b bash tools/gpu_check.sh > $OUT/gpu-check.txt 2>&1
 tail -5 $OUT/gpu-check.txt
-for p in "$PWD/src" /tmp/trips/trips/src /tmp/combo/combo/src; do  # greedy tokens: main, trips (main's bits: the same), combo (head's fused final norm may move near-ties)
+for p in "$PWD/src" /tmp/trips/trips/src /tmp/tspread/tspread/src /tmp/combo/combo/src; do  # greedy tokens: main, trips and tspread (main's bits: the same), combo (head's fused final norm may move near-ties)
     PYTHONPATH=$p:/tmp/site timeout 60 python3 -m reflex_engine generate /tmp/qwen3-8b-q4_k_m.gguf "The capital of France is" -n 24 --temp 0 2>&1 | tail -2
 done | tee -a $OUT/variants.txt
 echo "## 8B Q4_K_M" | tee $OUT/ab.txt
