@@ -4,9 +4,9 @@
 # (branch stream-head at be2b60d: a one-token launch past two waves as a wave of blocks walking its rows: the output
 # head, its final norm fused, and 8B Q8_0's gate and up), pair (branch swiglu-pair at b972af3: SwiGLU made by gate and
 # up's launch, its blocks in clusters of two, up's sums handed over in distributed shared memory), trips (branch trips
-# at 7242a0a: the one-token matvecs' trips to L2 after the wait asked into L1: x's slices, the norm's sums, the
-# stores' reads), combo (branch combo at 1524cc6: trips + stream-head + swiglu-pair), tspread (branch trips-spread at
-# a5c50df: trips + spread's kernel).
+# at c84f6f9: the one-token matvecs' trips to L2 after the wait asked into L1: x's slices, the norm's sums, the
+# stores' reads), combo (branch combo at ccdd225: trips + stream-head + swiglu-pair), tspread (branch trips-spread at
+# 88a32ae: trips + spread's kernel).
 # .clocks/clocks.tar.xz: main's timing build (tools/build_variant.sh clocks --clocks).
 # 1. combo's GPU tests on its package (head's and pair's own only if combo's fail); 2. CUPTI's timeline and the blocks'
 # clocks (tools/probe_clocks.py, first run) on the 8B decode step (main's own GPU tests left out: its kernels are run
