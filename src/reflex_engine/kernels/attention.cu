@@ -269,12 +269,12 @@ __device__ __forceinline__ void combine_splits(Partials from, float* out, int i,
 // Before a block's wait for the kernel before it (the rope writing this pass's own slots): asks L2 for the K
 // and V rows (its KV head's) of its split's slots that earlier passes wrote, so that their trip from memory runs
 // beside that kernel and attend's loads after the wait find them in L2. It reads nothing a kernel of the pass
-// writes (*start_at: the copy before the pass). The split's slots as attend cuts them. Called by a decode step's
+// writes (start: from the copy before the pass). The split's slots as attend cuts them. Called by a decode step's
 // clusters alone: in `attention` at a 4,096-token context (576-1,152 blocks asking for 512 lines each) it lost
 // 3-4% (run 23).
-__device__ __forceinline__ void ask_l2_for_earlier_slots(const __half* k_cache, const __half* v_cache, const int* start_at,
+__device__ __forceinline__ void ask_l2_for_earlier_slots(const __half* k_cache, const __half* v_cache, int start,
                                                          int n_tok, int n_heads, int n_kv_heads, int dk, int dv) {
-    const int start = *start_at, split_len = split_length(start, n_tok);
+    const int split_len = split_length(start, n_tok);
     const int first = blockIdx.z * split_len, n_slots = min(first + split_len, start) - first;
     const int kv_head = blockIdx.y / (n_heads / n_kv_heads);
     constexpr int LINE = 64;  // halves a 128-byte line
@@ -362,16 +362,19 @@ attention_cluster(const float* q, const __half* k_cache, const __half* v_cache, 
                   const int* seg, float* out, const int* start_at, int n_tok, int n_heads, int n_kv_heads, int dk,
                   int dv, float scale, float* partials, int* counts, uint8_t* xq, float2* xds) {
     const BlockClock clocked;
+    // the pass's first slot, read once before the wait: the copy before the pass, which no kernel of it writes (read
+    // after the wait, a trip to L2 on the path before the slots' loads, which need it)
+    const int start = *start_at;
     // a decode step's clusters (n_heads x 8 blocks) fit the SMs at once and start beside the rope; a short batch's
     // may take waves, whose later blocks would ask on their own path
-    if (n_tok == 1) ask_l2_for_earlier_slots(k_cache, v_cache, start_at, n_tok, n_heads, n_kv_heads, dk, dv);
+    if (n_tok == 1) ask_l2_for_earlier_slots(k_cache, v_cache, start, n_tok, n_heads, n_kv_heads, dk, dv);
     follow_previous_kernel_early();
     cluster_arrive(false);  // this block has started: its shared memory may be written once every block has
     __shared__ AttnMerge merge;
     __shared__ float2 own_pair;
     __shared__ float own_acc[ATTN_MAX_PER_LANE * WARP];
     __shared__ ClusterPartials gathered;
-    attend_any(q, k_cache, v_cache, slot_seg, seg, out, [&] { return SplitPartial{&own_pair, own_acc}; }, *start_at,
+    attend_any(q, k_cache, v_cache, slot_seg, seg, out, [&] { return SplitPartial{&own_pair, own_acc}; }, start,
                n_tok, n_heads, n_kv_heads, dk, dv, scale, merge, xq, xds);
     __syncthreads();
     cluster_wait();
