@@ -337,7 +337,9 @@ __device__ __forceinline__ void matvec_bulk_q4_K(const uint8_t* W0, const uint8_
         ask_l2_for_store_reads(i == 0 ? add : nullptr, norm.w, row0);
     }
     follow_previous_kernel();
-    const float scale = x_sums && warp == WARPS - 1 ? norm_scale(x_sums, n_cols, eps) : 1.0f;  // the storing warp's
+    // the norm's scale, which only the storing warp uses: the others go to their first stage without its trip to L2
+    // (H200, 8B Q4_K_M decode +1.2%, docs/perf-notes.md run 42)
+    const float scale = x_sums && warp == WARPS - 1 ? norm_scale(x_sums, n_cols, eps) : 1.0f;
 
     const int own_mma = c / 2 == g / 2 % 2 ? 2 * (g / 4) + g % 2 : -1;
     const K4Scales scales(c);
